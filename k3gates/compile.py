@@ -1,0 +1,284 @@
+"""Pythran build cache: content hash -> compiled module, loaded explicitly.
+
+A kernels module is compiled once per *key*: the SHA-256 of its source, the sources of every kernel
+module it imports relatively (Pythran inlines them into one extension), the Pythran, NumPy and
+Python versions, the compiler, the CPU and the flags. The extension lives in the cache, outside the
+source tree, and is loaded by path under a name of its own. Python's import system never sees it,
+so a stale `.so` can never shadow the `.py` it came from: change one byte and the key changes.
+
+A failed compile is cached too, under the same key, with the compiler's message. A rebuild with
+nothing changed therefore neither recompiles a good module nor retries a broken one.
+
+Cache folder: `$K3GATES_CACHE`, else `$XDG_CACHE_HOME/k3gates`, else `~/.cache/k3gates`.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+# -O3 and -march=native let gcc vectorise the int64 loops; -fopenmp enables `#omp parallel for`.
+PYTHRAN_FLAGS = ("-O3", "-march=native", "-fopenmp", "-w")
+COMPILE_TIMEOUT_S = 1800  # the largest kernel module compiles in minutes, not hours
+NO_COMPILE_ENV = "K3GATES_NO_COMPILE"  # set in gate subprocesses: a cache miss there is a bug
+
+
+class CompileError(RuntimeError):
+    """A kernels module did not compile; the message names the file and the compiler's reason."""
+
+
+class StaleModuleError(RuntimeError):
+    """A compiled extension sits beside a kernel source, where import would prefer it."""
+
+
+def cache_root() -> Path:
+    if os.environ.get("K3GATES_CACHE"):
+        return Path(os.environ["K3GATES_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "k3gates"
+
+
+def source_path(modname: str) -> Path:
+    """The `.py` file of a dotted module name, found on sys.path without importing it."""
+    rel = Path(*modname.split(".")).with_suffix(".py")
+    for entry in sys.path:
+        candidate = Path(entry or ".") / rel
+        if candidate.is_file():
+            return candidate.resolve()
+    raise CompileError(f"{modname}: no source file {rel} on sys.path")
+
+
+def _relative_imports(modname: str, path: Path) -> list[str]:
+    """Kernel modules imported with `from ..x.kernels import f` (Pythran compiles those in)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as e:
+        raise CompileError(f"{path}:{e.lineno}: syntax error: {e.msg}") from e
+    package = modname.split(".")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = package[: len(package) - (node.level - 1)]
+            found.append(".".join(base + ([node.module] if node.module else [])))
+    return found
+
+
+def dependencies(modname: str) -> dict[str, Path]:
+    """The module and, transitively, every kernel module it imports: {modname: path}."""
+    seen: dict[str, Path] = {}
+    stack = [modname]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen[name] = source_path(name)
+        stack.extend(_relative_imports(name, seen[name]))
+    return dict(sorted(seen.items()))
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain() -> dict[str, str]:
+    """Everything outside the sources that changes the compiled code."""
+    import numpy
+    import pythran
+
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        compiler = out.stdout.splitlines()[0] if out.stdout else cxx
+    except OSError:
+        compiler = f"{cxx} (not found)"
+    return {
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "pythran": pythran.__version__,
+        "compiler": compiler,
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "flags": " ".join(PYTHRAN_FLAGS),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+_key_memo: dict[str, tuple[tuple, str]] = {}
+
+
+def _stat_signature(paths: list[Path]) -> tuple:
+    return tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+
+
+def module_key(modname: str) -> str:
+    """The cache key of `modname`. Memoised on the files' stat, so a hot library call stays cheap."""
+    memo = _key_memo.get(modname)
+    if memo is not None:
+        paths = [Path(p) for p, _, _ in memo[0]]
+        try:
+            if _stat_signature(paths) == memo[0]:
+                return memo[1]
+        except OSError:
+            pass
+    deps = dependencies(modname)
+    h = hashlib.sha256()
+    h.update(json.dumps(toolchain(), sort_keys=True).encode())
+    for name, path in deps.items():
+        h.update(f"\0{name}\0".encode())
+        h.update(path.read_bytes())
+    key = h.hexdigest()[:24]
+    _key_memo[modname] = (_stat_signature(list(deps.values())), key)
+    return key
+
+
+def _ext_name(modname: str) -> str:
+    # Pythran names PyInit_<stem> after the output file, so the stem must be a valid identifier.
+    return "k3c_" + modname.replace(".", "_")
+
+
+@dataclass
+class Compiled:
+    """The outcome of `ensure()` for one module."""
+
+    modname: str
+    key: str
+    path: Path | None  # the extension, or None when the compile failed
+    error: str | None
+    seconds: float
+    reused: bool  # True when the cache already held this key (good or failed)
+
+
+def _entry(modname: str, key: str) -> Path:
+    return cache_root() / "pythran" / f"{_ext_name(modname)}-{key}"
+
+
+def _read_entry(modname: str, key: str) -> Compiled | None:
+    entry = _entry(modname, key)
+    so = entry / (_ext_name(modname) + ".so")
+    meta_file = entry / "meta.json"
+    if not meta_file.is_file():
+        return None
+    meta = json.loads(meta_file.read_text())
+    if meta.get("error") is None and not so.is_file():
+        return None
+    return Compiled(modname, key, None if meta.get("error") else so, meta.get("error"),
+                    meta.get("seconds", 0.0), reused=True)  # fmt: skip
+
+
+def check_not_shadowed(modname: str) -> None:
+    """Refuse a compiled extension beside the source: `import` would silently prefer it."""
+    src = source_path(modname)
+    for sibling in src.parent.glob(src.stem + ".*"):
+        if sibling.suffix in {".so", ".pyd"}:
+            raise StaleModuleError(
+                f"{sibling}: a compiled extension beside {src.name} would shadow the source "
+                "when imported; delete it (compiled kernels live in the cache, not the tree)"
+            )
+
+
+def ensure(modname: str) -> Compiled:
+    """Compile `modname` unless the cache holds its current key; never raises for a bad kernel."""
+    start = time.perf_counter()
+    try:
+        check_not_shadowed(modname)
+        key = module_key(modname)
+    except (CompileError, StaleModuleError) as e:
+        return Compiled(modname, "", None, str(e), time.perf_counter() - start, reused=False)
+    cached = _read_entry(modname, key)
+    if cached is not None:
+        return cached
+    if os.environ.get(NO_COMPILE_ENV):
+        raise CompileError(f"{modname}: not compiled for key {key} (the build compiles first)")
+    error = _run_pythran(modname, key)
+    return Compiled(modname, key, None if error else _read_entry(modname, key).path, error,
+                    time.perf_counter() - start, reused=False)  # fmt: skip
+
+
+def _run_pythran(modname: str, key: str) -> str | None:
+    """Compile into a scratch folder, then rename it into place; returns the error or None."""
+    src = source_path(modname)
+    final = _entry(modname, key)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    so = scratch / (_ext_name(modname) + ".so")
+    cmd = [sys.executable, "-c", "import sys; from pythran.run import run; sys.exit(run())",
+           str(src), "-o", str(so), *PYTHRAN_FLAGS]  # fmt: skip
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
+                              cwd=scratch)  # fmt: skip
+        ok = proc.returncode == 0 and so.is_file()
+        error = None if ok else _compiler_message(src, proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired:
+        error = f"{src}: pythran did not finish within {COMPILE_TIMEOUT_S} s"
+    meta = {"modname": modname, "key": key, "error": error, "toolchain": toolchain(),
+            "seconds": round(time.perf_counter() - start, 3),
+            "sources": {n: str(p) for n, p in dependencies(modname).items()}}  # fmt: skip
+    (scratch / "meta.json").write_text(json.dumps(meta, indent=1))
+    for leftover in scratch.iterdir():
+        if leftover.name not in {so.name, "meta.json"}:
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    try:
+        os.rename(scratch, final)
+    except OSError:  # another process published the same key first; theirs is as good
+        shutil.rmtree(scratch, ignore_errors=True)
+    return error
+
+
+def _compiler_message(src: Path, output: str) -> str:
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    tail = "\n".join(lines[-25:]) or "pythran failed without a message"
+    return f"{src}: pythran failed:\n{tail}"
+
+
+def load_extension(compiled: Compiled) -> ModuleType:
+    if compiled.path is None:
+        raise CompileError(compiled.error or f"{compiled.modname}: not compiled")
+    spec = importlib.util.spec_from_file_location(_ext_name(compiled.modname), compiled.path)
+    if spec is None or spec.loader is None:
+        raise CompileError(f"{compiled.path}: not a loadable extension")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_loaded: dict[tuple[str, str], ModuleType] = {}
+
+
+def load(modname: str) -> ModuleType:
+    """The compiled extension for the *current* source of `modname`, compiling if needed.
+
+    The key is recomputed on every call, so an edited kernel is never served from an old build.
+    """
+    try:
+        cache_key = (modname, module_key(modname))
+    except CompileError:
+        cache_key = (modname, "")
+    if cache_key not in _loaded:
+        _loaded[cache_key] = load_extension(ensure(modname))
+    return _loaded[cache_key]
+
+
+def interpreted(modname: str) -> ModuleType:
+    """The same kernels run by CPython (the reference for compiled == interpreted)."""
+    check_not_shadowed(modname)
+    return importlib.import_module(modname)

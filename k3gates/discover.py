@@ -1,0 +1,118 @@
+"""Find gates and kernels modules without importing them.
+
+The build must name the file and line of a bad gate id before any gate code runs, and a gate file
+that crashes on import must become a failed gate, not a failed build. So discovery reads the
+`@gate(...)` decorators from the AST: their id, innovation and level must be literals.
+
+A *gate package* is a folder of innovation folders (`k3gates/`, or a test's fixture folder), each
+of which may hold `gate.py` and `kernels.py`.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from .registry import Level, UnknownInnovation, canonical
+
+
+class DiscoveryError(ValueError):
+    """One or more gates are malformed; the message lists each as `file:line: reason`."""
+
+
+@dataclass(frozen=True)
+class GateSite:
+    id: str
+    innovation: str | None
+    level: Level
+    module: str  # dotted name, importable once `root` is on sys.path
+    root: Path  # the sys.path entry the module lives under
+    file: Path
+    line: int
+
+
+@dataclass(frozen=True)
+class GatePackage:
+    """`path` is a package folder; its parent goes on sys.path."""
+
+    path: Path
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def modname(self, file: Path) -> str:
+        rel = file.resolve().relative_to(self.root.resolve()).with_suffix("")
+        return ".".join(rel.parts)
+
+
+def kernel_modules(packages: list[GatePackage]) -> list[str]:
+    return [p.modname(f) for p in packages for f in sorted(p.path.glob("*/kernels.py"))]
+
+
+def _literal(node: ast.expr, what: str, file: Path) -> object:
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        raise DiscoveryError(f"{file}:{node.lineno}: `{what}` must be a literal") from None
+
+
+def _gate_call(decorator: ast.expr) -> ast.Call | None:
+    if not isinstance(decorator, ast.Call):
+        return None
+    f = decorator.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    return decorator if name == "gate" else None
+
+
+def _site_from_call(call: ast.Call, pkg: GatePackage, file: Path) -> GateSite:
+    kw = {k.arg: k.value for k in call.keywords if k.arg}
+    id_node = call.args[0] if call.args else kw.get("id")
+    if id_node is None or "level" not in kw or "innovation" not in kw:
+        raise DiscoveryError(f"{file}:{call.lineno}: @gate needs an id, innovation= and level=")
+    gate_id = _literal(id_node, "id", file)
+    innovation = _literal(kw["innovation"], "innovation", file)
+    level = _literal(kw["level"], "level", file)
+    if not isinstance(gate_id, str) or not gate_id.isidentifier():
+        raise DiscoveryError(f"{file}:{call.lineno}: gate id {gate_id!r} is not an identifier")
+    try:
+        inno = canonical(innovation) if innovation is not None else None
+        lvl = Level.parse(level)
+    except (UnknownInnovation, ValueError) as e:
+        raise DiscoveryError(f"{file}:{call.lineno}: gate {gate_id}: {e}") from None
+    return GateSite(gate_id, inno, lvl, pkg.modname(file), pkg.root, file, call.lineno)
+
+
+def discover_gates(packages: list[GatePackage]) -> list[GateSite]:
+    """Every gate in `packages`, in file order. Raises DiscoveryError listing every problem."""
+    sites: list[GateSite] = []
+    problems: list[str] = []
+    for pkg in packages:
+        for file in sorted(pkg.path.glob("*/gate.py")):
+            try:
+                tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+            except SyntaxError as e:
+                problems.append(f"{file}:{e.lineno}: syntax error: {e.msg}")
+                continue
+            for node in ast.walk(tree):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for dec in node.decorator_list:
+                    call = _gate_call(dec)
+                    if call is None:
+                        continue
+                    try:
+                        sites.append(_site_from_call(call, pkg, file))
+                    except DiscoveryError as e:
+                        problems.append(str(e))
+    seen: dict[str, GateSite] = {}
+    for s in sites:
+        if s.id in seen:
+            first = seen[s.id]
+            problems.append(f"{s.file}:{s.line}: gate id {s.id!r} is already defined at "
+                            f"{first.file}:{first.line}")  # fmt: skip
+        seen.setdefault(s.id, s)
+    if problems:
+        raise DiscoveryError("\n".join(problems))
+    return sorted(sites, key=lambda s: (str(s.file), s.line))

@@ -1,0 +1,278 @@
+"""Run gates in subprocesses, in parallel, with timeouts; return their results as plain dicts.
+
+Each gate runs in a fresh `python -m k3gates.runner JOB` process. Whatever happens in there (an
+exception, a hang past the timeout, a segfault, a kernel that did not compile, a kernel with a
+float in it) becomes a *failed* result with its message. The build itself never fails because of a
+gate.
+
+A result is reused from the previous build only when everything it depends on hashes the same:
+every source file the gate process loaded from its gate package, the keys of its compiled kernels,
+and the toolchain. Results that did not reach a verdict (timeout, crash, exception) are never
+reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from . import compile as kcompile
+from .discover import GateSite
+from .nofloat import audit_file
+from .registry import Level
+
+RESULT_SCHEMA = 1
+REUSABLE = {"passed", "failed"}  # statuses that are a verdict on the inputs, not an accident
+
+
+# -- parent side ---------------------------------------------------------------------------------
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _results_dir() -> Path:
+    return kcompile.cache_root() / "results"
+
+
+def _reusable(site: GateSite) -> dict[str, Any] | None:
+    path = _results_dir() / f"{site.id}.json"
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if old.get("schema") != RESULT_SCHEMA or old.get("status") not in REUSABLE:
+        return None
+    if old.get("toolchain") != kcompile.toolchain() or old.get("file") != str(site.file):
+        return None
+    try:
+        if any(_sha(Path(f)) != h for f, h in old["deps"].items()):
+            return None
+        if any(kcompile.module_key(m) != k for m, k in old["kernel_keys"].items()):
+            return None
+    except (OSError, kcompile.CompileError):
+        return None
+    return old
+
+
+def run_gates(sites: list[GateSite], *, jobs: int = 2, reuse: bool = True,
+              on_event: Callable[[str, GateSite, dict | None], None] | None = None,
+              ) -> list[dict[str, Any]]:  # fmt: skip
+    """Run (or reuse) every gate; results come back in the order of `sites`."""
+    lock = threading.Lock()
+
+    def one(site: GateSite) -> dict[str, Any]:
+        old = _reusable(site) if reuse else None
+        if old is not None:
+            result = {**old, "ran": False, "reused_from": old["run_hash"]}
+        else:
+            if on_event:
+                with lock:
+                    on_event("start", site, None)
+            result = _run_one(site, threads=max(1, (os.cpu_count() or 1) // max(1, jobs)))
+            result["ran"] = True
+            if result["status"] in REUSABLE:
+                _store(result)
+        if on_event:
+            with lock:
+                on_event("done", site, result)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, sites))
+
+
+def _store(result: dict[str, Any]) -> None:
+    d = _results_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{result['id']}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, d / f"{result['id']}.json")
+
+
+def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:
+    timeout = _declared_timeout(site)
+    with tempfile.TemporaryDirectory(prefix="k3gate-") as tmp:
+        out = Path(tmp) / "result.json"
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"id": site.id, "module": site.module, "root": str(site.root),
+                                   "out": str(out)}))  # fmt: skip
+        env = {**os.environ, kcompile.NO_COMPILE_ENV: "1", "OMP_NUM_THREADS": str(threads),
+               "PYTHONHASHSEED": "0",
+               "PYTHONPATH": os.pathsep.join([str(site.root), *sys.path[1:]])}  # fmt: skip
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "k3gates.runner", str(job)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            status_note = None
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            status_note = ("timeout", f"did not finish within its {timeout:g} s timeout; killed")
+        seconds = time.perf_counter() - start
+        log = output.decode("utf-8", "replace")[-4000:]
+        if status_note is None and out.is_file():
+            # the static site is the authority on id, innovation, level and place
+            result = {**_failure(site, "error", ""), **json.loads(out.read_text()),
+                      "innovation": site.innovation, "level": site.level.name,
+                      "file": str(site.file), "line": site.line}  # fmt: skip
+        elif status_note is None:
+            code = proc.returncode
+            why = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+                   else f"exited with status {code} before writing a result")  # fmt: skip
+            result = _failure(site, "crashed", why, log)
+        else:
+            result = _failure(site, *status_note, log)
+    result["seconds"] = round(seconds, 3)
+    result["log"] = log
+    return result
+
+
+def _declared_timeout(site: GateSite) -> float:
+    """The gate's declared timeout, read from the decorator without importing (default 300 s)."""
+    import ast
+
+    tree = ast.parse(site.file.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node, "lineno", 0) == site.line:
+            for kw in node.keywords:
+                if kw.arg == "timeout":
+                    try:
+                        return float(ast.literal_eval(kw.value))
+                    except ValueError:
+                        break
+    from .gate import DEFAULT_TIMEOUT_S
+
+    return DEFAULT_TIMEOUT_S
+
+
+def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[str, Any]:
+    return {"schema": RESULT_SCHEMA, "id": site.id, "innovation": site.innovation,
+            "level": site.level.name, "file": str(site.file), "line": site.line,
+            "title": site.id, "doc": "", "status": status, "passed": False, "error": message,
+            "checks": [], "summary": "", "artifacts": {}, "deps": {}, "kernel_keys": {},
+            "bounds": {}, "kernels": [], "toolchain": kcompile.toolchain(), "run_hash": "",
+            "log": log}  # fmt: skip
+
+
+# -- worker side (runs inside the gate's own process) --------------------------------------------
+def _worker(job: dict[str, Any]) -> dict[str, Any]:
+    from .gate import REGISTRY, Check, GateContext
+
+    root = Path(job["root"])
+    try:
+        importlib.import_module(job["module"])
+        spec = REGISTRY[job["id"]]
+    except Exception as e:
+        return _worker_error(job, root, e, "error")
+    ctx = GateContext(spec)
+    status, error = "passed", None
+    kernel_keys: dict[str, str] = {}
+    for modname in spec.kernels:
+        try:
+            kernel_keys[modname] = kcompile.module_key(modname)
+            deps = kcompile.dependencies(modname)
+        except kcompile.CompileError as e:
+            status, error = "compile-error", str(e)
+            break
+        findings = [str(f) for p in deps.values() for f in audit_file(p)]
+        ctx.checks.append(Check(
+            f"nofloat:{modname}", "nofloat",
+            f"`{modname}` and the kernels it imports contain no float literal, `/`, float dtype "
+            "or float-returning call", not findings,
+            values={"files": [str(p) for p in deps.values()], "findings": findings},
+            message="; ".join(findings[:5])))  # fmt: skip
+        try:
+            kcompile.load(modname)
+        except Exception as e:
+            status, error = "compile-error", f"kernel {modname} is unusable: {e}"
+            break
+    if status == "passed":
+        try:
+            spec.func(ctx)
+        except Exception as e:
+            status, error = "error", _short_traceback(e)
+    ctx.checks.extend(_contract_checks(spec, ctx.checks, status))
+    passed = status == "passed" and all(c.passed for c in ctx.checks)
+    if status == "passed" and not passed:
+        status = "failed"
+    return {"schema": RESULT_SCHEMA, "id": spec.id, "innovation": spec.innovation,
+            "level": spec.level.name,
+            "title": spec.title, "doc": spec.doc, "status": status, "passed": passed,
+            "error": error, "checks": [c.to_json() for c in ctx.checks],
+            "summary": ctx.summary, "artifacts": ctx.artifacts, "bounds": spec.bounds,
+            "kernels": list(spec.kernels), "kernel_keys": kernel_keys,
+            "deps": _loaded_sources(root, Path(spec.file)), "toolchain": kcompile.toolchain(),
+            "run_hash": _run_hash(spec.id, kernel_keys)}  # fmt: skip
+
+
+def _contract_checks(spec: Any, checks: list, status: str) -> list:
+    from .gate import CONTRACT_KINDS, Check
+
+    if status != "passed":
+        return []
+    if not checks:
+        return [Check("contract", "contract", "the gate recorded at least one check", False,
+                      message="the gate recorded no checks")]  # fmt: skip
+    if spec.level < Level.HAVE:
+        return []
+    missing = [k for k in CONTRACT_KINDS if not any(c.kind == k for c in checks)]
+    return [Check("contract", "contract",
+                  "a gate at HAVE or above contains the contract's five kinds of check: "
+                  + ", ".join(CONTRACT_KINDS), not missing,
+                  message=f"missing: {', '.join(missing)}" if missing else "")]  # fmt: skip
+
+
+def _loaded_sources(root: Path, gate_file: Path) -> dict[str, str]:
+    """Every file under `root` this process imported, plus the gate's whole folder."""
+    files = {gate_file.resolve(), *gate_file.resolve().parent.glob("*.py")}
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if f and Path(f).resolve().is_relative_to(root.resolve()) and f.endswith(".py"):
+            files.add(Path(f).resolve())
+    return {str(f): _sha(f) for f in sorted(files)}
+
+
+def _run_hash(gate_id: str, kernel_keys: dict[str, str]) -> str:
+    h = hashlib.sha256(gate_id.encode())
+    h.update(json.dumps(kernel_keys, sort_keys=True).encode())
+    h.update(str(time.time_ns()).encode())
+    return h.hexdigest()[:12]
+
+
+def _short_traceback(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    return f"{where}{type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))[-3000:]
+
+
+def _worker_error(job: dict[str, Any], root: Path, e: BaseException, status: str) -> dict:
+    return {"schema": RESULT_SCHEMA, "id": job["id"], "status": status, "passed": False,
+            "error": _short_traceback(e), "checks": [], "summary": "", "artifacts": {},
+            "deps": {}, "kernel_keys": {}, "bounds": {}, "kernels": [], "run_hash": "",
+            "toolchain": kcompile.toolchain()}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text())
+    result = _worker(job)
+    Path(job["out"]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
