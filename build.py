@@ -15,6 +15,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -73,18 +74,31 @@ def parse_args(argv: list[str] | None) -> Settings:
     p.add_argument("--out", type=Path, default=Settings.out, help="publish here (default public/)")
     p.add_argument("--content", type=Path, default=Settings.content)
     p.add_argument("--templates", type=Path, default=Settings.templates)
-    p.add_argument("--gates-from", type=Path, action="append", default=[], metavar="PKG",
-                   help="an extra gate package folder (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--gates-from",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="an extra gate package folder (repeatable)",
+    )
     p.add_argument("--jobs", "-j", type=int, default=Settings.jobs)
     p.add_argument("--rerun", action="store_true", help="run every gate, reuse nothing")
     p.add_argument("--only", action="append", default=[], metavar="GATE")
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 if any gate fails or any claim is liar-killed")  # fmt: skip
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 if any gate fails or any claim is liar-killed"
+    )
     a = p.parse_args(argv)
-    return Settings(content=a.content.resolve(), templates=a.templates.resolve(),
-                    out=a.out.absolute(), jobs=max(1, a.jobs), rerun=a.rerun,
-                    packages=(*Settings.packages, *(g.resolve() for g in a.gates_from)),
-                    only=tuple(a.only), check=a.check)  # fmt: skip
+    return Settings(
+        content=a.content.resolve(),
+        templates=a.templates.resolve(),
+        out=a.out.absolute(),
+        jobs=max(1, a.jobs),
+        rerun=a.rerun,
+        packages=(*Settings.packages, *(g.resolve() for g in a.gates_from)),
+        only=tuple(a.only),
+        check=a.check,
+    )
 
 
 def log(msg: str) -> None:
@@ -155,7 +169,9 @@ def read_page(path: Path) -> Page:
     try:
         end = next(i for i in range(1, len(lines)) if lines[i].strip() == FRONT_MATTER)
     except StopIteration:
-        raise BuildError(f"{path}:1: front matter is not closed; add a `+++` line after it") from None
+        raise BuildError(
+            f"{path}:1: front matter is not closed; add a `+++` line after it"
+        ) from None
     try:
         meta = tomllib.loads("\n".join(lines[1:end]))
     except tomllib.TOMLDecodeError as e:
@@ -178,8 +194,10 @@ def _require(page: Page, key: str, kind: type) -> Any:
         raise BuildError(f"{page.path}:1: front matter has no `{key}` field")
     value = page.meta[key]
     if not isinstance(value, kind):
-        raise BuildError(f"{page.path}:{_field_line(page, key)}: `{key}` must be a "
-                         f"{kind.__name__}, got {type(value).__name__}")  # fmt: skip
+        raise BuildError(
+            f"{page.path}:{_field_line(page, key)}: `{key}` must be a "
+            f"{kind.__name__}, got {type(value).__name__}"
+        )
     return value
 
 
@@ -197,8 +215,10 @@ def load_content(content: Path) -> Content:
             raise BuildError(f"{path}:{_field_line(page, 'id')}: {e}") from e
         if inno in result.innovations:
             other = result.innovations[inno].path
-            raise BuildError(f"{path}:{_field_line(page, 'id')}: id {raw_id!r} claims the slot "
-                             f"{inno!r}, which {other} already claims")  # fmt: skip
+            raise BuildError(
+                f"{path}:{_field_line(page, 'id')}: id {raw_id!r} claims the slot "
+                f"{inno!r}, which {other} already claims"
+            )
         _require(page, "title", str)
         try:
             result.claims[inno] = Level.parse(_require(page, "claim", str))
@@ -206,8 +226,10 @@ def load_content(content: Path) -> Content:
             raise BuildError(f"{path}:{_field_line(page, 'claim')}: `claim`: {e}") from e
         for ref in page.meta.get("references", []):
             if not isinstance(ref, dict) or "title" not in ref:
-                raise BuildError(f"{path}:{_field_line(page, 'references')}: each reference "
-                                 "needs a title (and an arxiv id or a url)")  # fmt: skip
+                raise BuildError(
+                    f"{path}:{_field_line(page, 'references')}: each reference "
+                    "needs a title (and an arxiv id or a url)"
+                )
         result.innovations[inno] = page
     missing = [i for i in INNOVATIONS if i not in result.innovations]
     if missing:
@@ -226,8 +248,10 @@ def compile_kernels(packages: list[GatePackage], jobs: int) -> list[kcompile.Com
     modules = kernel_modules(packages)
     todo = [m for m in modules if not _cached(m)]
     if todo:
-        log(f"compile: {len(todo)} of {len(modules)} kernel modules changed; compiling "
-            f"{', '.join(todo)}")  # fmt: skip
+        log(
+            f"compile: {len(todo)} of {len(modules)} kernel modules changed; compiling "
+            f"{', '.join(todo)}"
+        )
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = list(pool.map(kcompile.ensure, modules))
     for c in done:
@@ -249,29 +273,55 @@ def _cached(modname: str) -> bool:
 
 # -- 4. gates ------------------------------------------------------------------------------------
 def run_gates(gates: list[GateSite], s: Settings) -> list[dict[str, Any]]:
+    shown: dict[str, str] = {}
+
     def on_event(kind: str, site: GateSite, result: dict | None) -> None:
         if kind == "done" and result is not None:
             how = "ran" if result["ran"] else f"reused {result.get('reused_from', '')}"
-            log(f"gate: {site.id:<22} {result['status']:<13} ({how}, {result['seconds']:.1f} s)")
+            why = "" if result["passed"] else f": {_first_failure(result)}"
+            log(
+                f"gate: {site.id:<22} {result['status']:<13} "
+                f"({how}, {result['seconds']:.1f} s){why}"
+            )
+            shown[site.id] = result["status"]
 
-    forced = set(s.only) if s.only else set()
-    reuse_all = not s.rerun
+    forced = set(s.only)
     if forced:
-        first = runner.run_gates([g for g in gates if g.id in forced], jobs=s.jobs, reuse=False,
-                                 on_event=on_event)  # fmt: skip
-        rest = runner.run_gates([g for g in gates if g.id not in forced], jobs=s.jobs,
-                                reuse=reuse_all, on_event=on_event)  # fmt: skip
-        by_id = {r["id"]: r for r in first + rest}
-        return [by_id[g.id] for g in gates]
-    return runner.run_gates(gates, jobs=s.jobs, reuse=reuse_all, on_event=on_event)
+        first = runner.run_gates(
+            [g for g in gates if g.id in forced], jobs=s.jobs, reuse=False, on_event=on_event
+        )
+        rest = runner.run_gates(
+            [g for g in gates if g.id not in forced],
+            jobs=s.jobs,
+            reuse=not s.rerun,
+            on_event=on_event,
+        )
+        by_id = {r["id"]: r for r in runner.apply_foundations(first + rest)}
+        results = [by_id[g.id] for g in gates]
+    else:
+        results = runner.apply_foundations(
+            runner.run_gates(gates, jobs=s.jobs, reuse=not s.rerun, on_event=on_event)
+        )
+    for r in results:  # verdicts that changed once the foundations gates were known
+        if shown.get(r["id"]) != r["status"]:
+            log(f"gate: {r['id']:<22} {r['status']:<13} (after foundations): {_first_failure(r)}")
+    return results
+
+
+def _first_failure(r: dict[str, Any]) -> str:
+    if r.get("error"):
+        return str(r["error"]).splitlines()[0]
+    bad = [c for c in r.get("checks", []) if not c["passed"]]
+    return f"check {bad[0]['name']}: {bad[0]['message'][:160]}" if bad else r["status"]
 
 
 # -- 5. census -----------------------------------------------------------------------------------
 def provenance(results: list[dict[str, Any]], compiled: list[kcompile.Compiled]) -> dict:
     def git(*args: str) -> str:
         try:
-            out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                 timeout=20)  # fmt: skip
+            out = subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20
+            )
             return out.stdout.strip() if out.returncode == 0 else ""
         except OSError:
             return ""
@@ -281,40 +331,62 @@ def provenance(results: list[dict[str, Any]], compiled: list[kcompile.Compiled])
         "built_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git_commit": git("rev-parse", "HEAD") or "unknown",
         "git_dirty": bool(git("status", "--porcelain")),
-        "python": tc["python"], "numpy": tc["numpy"], "pythran": tc["pythran"],
-        "compiler": tc["compiler"], "cpu": tc["cpu"], "flags": tc["flags"],
+        "python": tc["python"],
+        "numpy": tc["numpy"],
+        "pythran": tc["pythran"],
+        "compiler": tc["compiler"],
+        "cpu": tc["cpu"],
+        "flags": tc["flags"],
         "gate_seconds": round(sum(r.get("seconds", 0.0) for r in results if r.get("ran")), 3),
         "gates_ran": sum(1 for r in results if r.get("ran")),
         "gates_reused": sum(1 for r in results if not r.get("ran")),
         "modules_compiled": sum(1 for c in compiled if not c.reused),
         "modules_reused": sum(1 for c in compiled if c.reused),
-    }  # fmt: skip
+    }
 
 
-def build_census(results: list[dict[str, Any]], content: Content,
-                 compiled: list[kcompile.Compiled]) -> dict[str, Any]:  # fmt: skip
+def build_census(
+    results: list[dict[str, Any]], content: Content, compiled: list[kcompile.Compiled]
+) -> dict[str, Any]:
     table = compute_census(results, content.claims)
     for row in table["innovations"]:
         page = content.innovations[row["id"]]
         hints = page.meta.get("next", {})
         next_level = Level(min(row["score"] + 1, Level.PROVEN)).name
-        row["next"] = (row["blocker"] if "fails" in row["blocker"]
-                       else hints.get(next_level, row["blocker"]))  # fmt: skip
+        row["next"] = (
+            row["blocker"] if "fails" in row["blocker"] else hints.get(next_level, row["blocker"])
+        )
         row["title"] = page.meta["title"]
     return {
         "schema": CENSUS_SCHEMA,
         "provenance": provenance(results, compiled),
         **table,
         "arithmetic": f"floor(1000 × {table['score_sum']} / {table['score_max']}) = "
-                      f"{table['permille']}",
+        f"{table['permille']}",
         "gates": [_public_result(r) for r in results],
-    }  # fmt: skip
+    }
 
 
 def _public_result(r: dict[str, Any]) -> dict[str, Any]:
-    keep = ("id", "innovation", "level", "status", "passed", "error", "title", "summary",
-            "checks", "bounds", "kernels", "kernel_keys", "seconds", "ran", "run_hash",
-            "reused_from", "artifacts")  # fmt: skip
+    keep = (
+        "id",
+        "innovation",
+        "level",
+        "status",
+        "passed",
+        "error",
+        "title",
+        "summary",
+        "checks",
+        "bounds",
+        "kernels",
+        "kernel_keys",
+        "seconds",
+        "ran",
+        "run_hash",
+        "reused_from",
+        "artifacts",
+    )
     out = {k: r.get(k) for k in keep}
     out["file"] = _rel(r.get("file", ""))
     out["line"] = r.get("line")
@@ -339,6 +411,8 @@ def _environment(templates: Path) -> jinja2.Environment:
     )
     env.filters["commas"] = lambda n: f"{n:,}"
     env.filters["num"] = _format_number
+    env.filters["ylog"] = lambda v, on: math.log10(v) if on else float(v)
+    env.filters["yunlog"] = lambda v, on: 10.0**v if on else v
     return env
 
 
@@ -358,14 +432,18 @@ def _template_error(e: Exception) -> BuildError:
     """Point at the template file and line, as Jinja rewrote the traceback to template lines."""
     if isinstance(e, jinja2.TemplateSyntaxError):
         return BuildError(f"{e.filename or e.name}:{e.lineno}: template syntax error: {e.message}")
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.endswith(
-        (".html", ".xml", ".svg", ".j2", ".txt"))]  # fmt: skip
+    frames = [
+        f
+        for f in traceback.extract_tb(e.__traceback__)
+        if f.filename.endswith((".html", ".xml", ".svg", ".j2", ".txt"))
+    ]
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "template"
     return BuildError(f"{where}: {type(e).__name__}: {e}")
 
 
-def render_site(s: Settings, content: Content, census: dict[str, Any],
-                results: list[dict[str, Any]]) -> Path:  # fmt: skip
+def render_site(
+    s: Settings, content: Content, census: dict[str, Any], results: list[dict[str, Any]]
+) -> Path:
     builds = s.out.parent / f".{s.out.name}"
     builds.mkdir(parents=True, exist_ok=True)
     stage = builds / f"build-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
@@ -380,14 +458,25 @@ def render_site(s: Settings, content: Content, census: dict[str, Any],
     return stage
 
 
-def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, Any],
-                 results: list[dict[str, Any]]) -> None:  # fmt: skip
+def _render_into(
+    stage: Path,
+    s: Settings,
+    content: Content,
+    census: dict[str, Any],
+    results: list[dict[str, Any]],
+) -> None:
     env = _environment(s.templates)
     assets = copy_assets(s.content / "static", stage / "assets")
     rows = {r["id"]: r for r in census["innovations"]}
     gates = {g["id"]: g for g in census["gates"]}
-    common = {"census": census, "prov": census["provenance"], "asset": lambda p: assets[p],
-              "levels": [lvl.name for lvl in Level], "innovations": rows, "gates": gates}  # fmt: skip
+    common = {
+        "census": census,
+        "prov": census["provenance"],
+        "asset": lambda p: assets[p],
+        "levels": [lvl.name for lvl in Level],
+        "innovations": rows,
+        "gates": gates,
+    }
     pages: list[str] = []
 
     def page(url: str, template: str, **ctx: Any) -> None:
@@ -397,7 +486,8 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
             raise _template_error(e) from e
         except Exception as e:
             raise _template_error(e) from e
-        target = stage / url.lstrip("/") / "index.html" if url.endswith("/") else stage / url
+        rel = url.lstrip("/")
+        target = stage / rel / "index.html" if url.endswith("/") else stage / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(html, encoding="utf-8")
         if url.endswith("/"):
@@ -409,9 +499,16 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
         page(f"/innovations/{inno}/", "innovation.html", row=rows[inno], page=pg, my_gates=mine)
     for g in census["gates"]:
         page(f"/gates/{g['id']}/", "gate.html", gate=g, sources=_kernel_sources(g))
+    page(
+        "/foundations/",
+        "foundations.html",
+        found=[g for g in census["gates"] if g["innovation"] is None],
+    )
     page("/404.html", "404.html")
     (stage / "census.json").write_text(json.dumps(census, indent=1, sort_keys=False) + "\n")
-    page("/sitemap.xml", "sitemap.xml", pages=pages, base_url=content.index.meta.get("base_url", ""))
+    page(
+        "/sitemap.xml", "sitemap.xml", pages=pages, base_url=content.index.meta.get("base_url", "")
+    )
     write_gzip_sidecars(stage)
 
 
@@ -420,8 +517,13 @@ def _kernel_sources(g: dict[str, Any]) -> list[dict[str, Any]]:
     for modname in g.get("kernels") or []:
         try:
             for name, path in kcompile.dependencies(modname).items():
-                out.append({"module": name, "path": _rel(str(path)),
-                            "lines": path.read_text(encoding="utf-8").splitlines()})  # fmt: skip
+                out.append(
+                    {
+                        "module": name,
+                        "path": _rel(str(path)),
+                        "lines": path.read_text(encoding="utf-8").splitlines(),
+                    }
+                )
         except (kcompile.CompileError, OSError):
             continue
     return out
@@ -465,29 +567,35 @@ def publish(stage: Path, out: Path) -> None:
 
 
 def _prune_builds(builds: Path, keep: Path) -> None:
-    old = sorted((p for p in builds.iterdir() if p.is_dir() and p != keep),
-                 key=lambda p: p.stat().st_mtime)  # fmt: skip
+    old = sorted(
+        (p for p in builds.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime
+    )
     for p in old[: max(0, len(old) - (KEEP_OLD_BUILDS - 1))]:
         shutil.rmtree(p, ignore_errors=True)
 
 
 # -- the end -------------------------------------------------------------------------------------
-def summary(census: dict, compiled: list[kcompile.Compiled], results: list[dict],
-            seconds: float) -> None:  # fmt: skip
+def summary(
+    census: dict, compiled: list[kcompile.Compiled], results: list[dict], seconds: float
+) -> None:
     prov = census["provenance"]
     failed = [r["id"] for r in results if not r["passed"]]
-    log(f"census: {census['arithmetic']} permille; "
-        + ", ".join(f"{r['id']}={r['level']}" for r in census["innovations"]))  # fmt: skip
-    log(f"done: compiled {prov['modules_compiled']}, reused {prov['modules_reused']} modules; "
+    log(
+        f"census: {census['arithmetic']} permille; "
+        + ", ".join(f"{r['id']}={r['level']}" for r in census["innovations"])
+    )
+    log(
+        f"done: compiled {prov['modules_compiled']}, reused {prov['modules_reused']} modules; "
         f"gates ran {prov['gates_ran']}, reused {prov['gates_reused']}, "
-        f"passed {len(results) - len(failed)}, failed {len(failed)}; {seconds:.1f} s")  # fmt: skip
+        f"passed {len(results) - len(failed)}, failed {len(failed)}; {seconds:.1f} s"
+    )
 
 
 def verdict(census: dict, results: list[dict]) -> int:
     failed = [r for r in results if not r["passed"]]
     killed = [r for r in census["innovations"] if r["killed"]]
     for r in failed:
-        log(f"check: gate {r['id']} failed: {(r.get('error') or r['status']).splitlines()[0]}")
+        log(f"check: gate {r['id']} failed: {_first_failure(r)}")
     for r in killed:
         log(f"check: claim liar-killed: {r['id']}: {r['kill_reason']}")
     return 1 if failed or killed else 0

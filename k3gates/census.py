@@ -40,9 +40,15 @@ class GateOutcome:
             failure = f"check {c['name']}: {c.get('message') or 'failed'}"
         else:
             failure = "" if r["passed"] else f"status {r.get('status')}"
-        return cls(r["id"], Level[r["level"]], bool(r["passed"]),
-                   sum(1 for c in checks if c["passed"]), len(checks),
-                   r.get("summary", ""), failure)  # fmt: skip
+        return cls(
+            r["id"],
+            Level[r["level"]],
+            bool(r["passed"]),
+            sum(1 for c in checks if c["passed"]),
+            len(checks),
+            r.get("summary", ""),
+            failure,
+        )
 
 
 def innovation_level(gates: Iterable[GateOutcome]) -> Level:
@@ -105,16 +111,24 @@ def census(results: list[Mapping[str, Any]], claims: Mapping[str, Level]) -> dic
         why = blocker(mine, proven)
         verdict = liar_kill(claims.get(inno.id, Level.GAP), proven, why)
         at_level = [g for g in mine if g.level == proven and g.passed]
-        rows.append({
-            "id": inno.id, "title": inno.title, "level": proven.name, "score": int(proven),
-            "claim": verdict.claim.name, "killed": verdict.killed, "kill_reason": verdict.reason,
-            "gates": [g.id for g in mine],
-            "gates_passed": sum(g.passed for g in mine), "gates_total": len(mine),
-            "checks_passed": sum(g.checks_passed for g in mine),
-            "checks_total": sum(g.checks_total for g in mine),
-            "evidence": "; ".join(g.summary for g in at_level if g.summary),
-            "blocker": why,
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": inno.id,
+                "title": inno.title,
+                "level": proven.name,
+                "score": int(proven),
+                "claim": verdict.claim.name,
+                "killed": verdict.killed,
+                "kill_reason": verdict.reason,
+                "gates": [g.id for g in mine],
+                "gates_passed": sum(g.passed for g in mine),
+                "gates_total": len(mine),
+                "checks_passed": sum(g.checks_passed for g in mine),
+                "checks_total": sum(g.checks_total for g in mine),
+                "evidence": "; ".join(g.summary for g in at_level if g.summary),
+                "blocker": why,
+            }
+        )
     total = sum(r["score"] for r in rows)
     return {
         "innovations": rows,

@@ -130,7 +130,7 @@ def _stat_signature(paths: list[Path]) -> tuple:
 
 
 def module_key(modname: str) -> str:
-    """The cache key of `modname`. Memoised on the files' stat, so a hot library call stays cheap."""
+    """The cache key of `modname`, memoised on the files' stat (hot library calls)."""
     memo = _key_memo.get(modname)
     if memo is not None:
         paths = [Path(p) for p, _, _ in memo[0]]
@@ -180,8 +180,14 @@ def _read_entry(modname: str, key: str) -> Compiled | None:
     meta = json.loads(meta_file.read_text())
     if meta.get("error") is None and not so.is_file():
         return None
-    return Compiled(modname, key, None if meta.get("error") else so, meta.get("error"),
-                    meta.get("seconds", 0.0), reused=True)  # fmt: skip
+    return Compiled(
+        modname,
+        key,
+        None if meta.get("error") else so,
+        meta.get("error"),
+        meta.get("seconds", 0.0),
+        reused=True,
+    )
 
 
 def check_not_shadowed(modname: str) -> None:
@@ -209,8 +215,14 @@ def ensure(modname: str) -> Compiled:
     if os.environ.get(NO_COMPILE_ENV):
         raise CompileError(f"{modname}: not compiled for key {key} (the build compiles first)")
     error = _run_pythran(modname, key)
-    return Compiled(modname, key, None if error else _read_entry(modname, key).path, error,
-                    time.perf_counter() - start, reused=False)  # fmt: skip
+    return Compiled(
+        modname,
+        key,
+        None if error else _read_entry(modname, key).path,
+        error,
+        time.perf_counter() - start,
+        reused=False,
+    )
 
 
 def _run_pythran(modname: str, key: str) -> str | None:
@@ -220,19 +232,32 @@ def _run_pythran(modname: str, key: str) -> str | None:
     final.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     so = scratch / (_ext_name(modname) + ".so")
-    cmd = [sys.executable, "-c", "import sys; from pythran.run import run; sys.exit(run())",
-           str(src), "-o", str(so), *PYTHRAN_FLAGS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from pythran.run import run; sys.exit(run())",
+        str(src),
+        "-o",
+        str(so),
+        *PYTHRAN_FLAGS,
+    ]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
-                              cwd=scratch)  # fmt: skip
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, cwd=scratch
+        )
         ok = proc.returncode == 0 and so.is_file()
         error = None if ok else _compiler_message(src, proc.stdout + proc.stderr)
     except subprocess.TimeoutExpired:
         error = f"{src}: pythran did not finish within {COMPILE_TIMEOUT_S} s"
-    meta = {"modname": modname, "key": key, "error": error, "toolchain": toolchain(),
-            "seconds": round(time.perf_counter() - start, 3),
-            "sources": {n: str(p) for n, p in dependencies(modname).items()}}  # fmt: skip
+    meta = {
+        "modname": modname,
+        "key": key,
+        "error": error,
+        "toolchain": toolchain(),
+        "seconds": round(time.perf_counter() - start, 3),
+        "sources": {n: str(p) for n, p in dependencies(modname).items()},
+    }
     (scratch / "meta.json").write_text(json.dumps(meta, indent=1))
     for leftover in scratch.iterdir():
         if leftover.name not in {so.name, "meta.json"}:
@@ -246,8 +271,10 @@ def _run_pythran(modname: str, key: str) -> str | None:
 
 def _compiler_message(src: Path, output: str) -> str:
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    tail = "\n".join(lines[-25:]) or "pythran failed without a message"
-    return f"{src}: pythran failed:\n{tail}"
+    errors = [ln for ln in lines if "error" in ln.lower() and "CRITICAL" not in ln]
+    headline = errors[0] if errors else (lines[-1] if lines else "no message")
+    tail = "\n".join(lines[-25:])
+    return f"{src}: pythran failed: {headline.strip()}\n{tail}"
 
 
 def load_extension(compiled: Compiled) -> ModuleType:

@@ -110,8 +110,10 @@ def discover_gates(packages: list[GatePackage]) -> list[GateSite]:
     for s in sites:
         if s.id in seen:
             first = seen[s.id]
-            problems.append(f"{s.file}:{s.line}: gate id {s.id!r} is already defined at "
-                            f"{first.file}:{first.line}")  # fmt: skip
+            problems.append(
+                f"{s.file}:{s.line}: gate id {s.id!r} is already defined at "
+                f"{first.file}:{first.line}"
+            )
         seen.setdefault(s.id, s)
     if problems:
         raise DiscoveryError("\n".join(problems))

@@ -154,20 +154,39 @@ class GateContext:
         return kcompile.interpreted(self._modname(modname))
 
     # -- recording -----------------------------------------------------------------------------
-    def check(self, name: str, proves: str, passed: bool, *, kind: str = "property",
-              message: str = "", digests: dict[str, str] | None = None,
-              seconds: float = 0.0, **values: Any) -> bool:  # fmt: skip
+    def check(
+        self,
+        name: str,
+        proves: str,
+        passed: bool,
+        *,
+        kind: str = "property",
+        message: str = "",
+        digests: dict[str, str] | None = None,
+        seconds: float = 0.0,
+        **values: Any,
+    ) -> bool:
         """Record a check whose verdict the gate computed itself. Returns `passed`."""
         if kind not in CONTRACT_KINDS:
             raise ValueError(f"check {name}: kind {kind!r} is not one of {CONTRACT_KINDS}")
         passed = bool(passed)
-        self.checks.append(Check(name, kind, proves, passed, digests=digests or {},
-                                 values=values, seconds=seconds,
-                                 message="" if passed else (message or "condition false")))  # fmt: skip
+        self.checks.append(
+            Check(
+                name,
+                kind,
+                proves,
+                passed,
+                digests=digests or {},
+                values=values,
+                seconds=seconds,
+                message="" if passed else (message or "condition false"),
+            )
+        )
         return passed
 
-    def check_reference(self, name: str, proves: str, got: Any, want: Any, *,
-                        unit: str = "LSB", **values: Any) -> bool:  # fmt: skip
+    def check_reference(
+        self, name: str, proves: str, got: Any, want: Any, *, unit: str = "LSB", **values: Any
+    ) -> bool:
         """max |got − want| (in `unit`) against the bound declared for `name` in the decorator.
 
         `got` and `want` must already be in the same unit (e.g. both in output LSB). NaN in either
@@ -188,16 +207,32 @@ class GateContext:
         measured = float(err.max()) if err.size else 0.0
         passed = measured <= bound
         worst = int(np.argmax(err)) if err.size else 0
-        message = "" if passed else (
-            f"max error {measured:g} {unit} > declared bound {bound:g} at flat index {worst}"
-            f" (got {g.flat[worst]!r}, want {w.flat[worst]!r})")  # fmt: skip
-        self.checks.append(Check(name, "reference", proves, passed, bound=bound,
-                                 measured=measured, unit=unit, message=message,
-                                 values={"points": int(err.size), **values}))  # fmt: skip
+        message = (
+            ""
+            if passed
+            else (
+                f"max error {measured:g} {unit} > declared bound {bound:g} at flat index {worst}"
+                f" (got {g.flat[worst]!r}, want {w.flat[worst]!r})"
+            )
+        )
+        self.checks.append(
+            Check(
+                name,
+                "reference",
+                proves,
+                passed,
+                bound=bound,
+                measured=measured,
+                unit=unit,
+                message=message,
+                values={"points": int(err.size), **values},
+            )
+        )
         return passed
 
-    def check_compiled_matches_interpreted(self, name: str, func: str, *args: Any,
-                                           modname: str | None = None) -> bool:  # fmt: skip
+    def check_compiled_matches_interpreted(
+        self, name: str, func: str, *args: Any, modname: str | None = None
+    ) -> bool:
         """Run `func(*args)` compiled and under CPython; the outputs must be bit-identical.
 
         Records both times and the speed ratio interpreted/compiled (the gate page shows it).
@@ -211,23 +246,37 @@ class GateContext:
         t2 = time.perf_counter()
         passed = bit_equal(out_c, out_i)
         tc, ti = t1 - t0, t2 - t1
-        self.checks.append(Check(
-            name, "compiled",
-            f"the Pythran-compiled `{func}` and the same source under CPython give bit-identical "
-            "output on these inputs", passed,
-            digests={"compiled": digest(*_as_tuple(out_c)), "interpreted": digest(*_as_tuple(out_i))},
-            values={"compiled_s": tc, "interpreted_s": ti, "speed_ratio": ti / max(tc, 1e-9)},
-            seconds=t2 - t0, message="" if passed else "outputs differ"))  # fmt: skip
+        self.checks.append(
+            Check(
+                name,
+                "compiled",
+                f"the Pythran-compiled `{func}` and the same source under CPython give "
+                "bit-identical "
+                "output on these inputs",
+                passed,
+                digests={
+                    "compiled": digest(*_as_tuple(out_c)),
+                    "interpreted": digest(*_as_tuple(out_i)),
+                },
+                values={"compiled_s": tc, "interpreted_s": ti, "speed_ratio": ti / max(tc, 1e-9)},
+                seconds=t2 - t0,
+                message="" if passed else "outputs differ",
+            )
+        )
         return passed
 
     def check_deterministic(self, name: str, proves: str, runs: dict[str, Any]) -> bool:
         """Every labelled run (e.g. "first", "second", "permuted back") has the same digest."""
         digests = {label: digest(*_as_tuple(out)) for label, out in runs.items()}
         passed = len(runs) >= 2 and len(set(digests.values())) == 1
-        message = "" if passed else ("needs two or more runs" if len(runs) < 2
-                                     else f"digests differ: {digests}")  # fmt: skip
-        self.checks.append(Check(name, "deterministic", proves, passed, digests=digests,
-                                 message=message))  # fmt: skip
+        message = (
+            ""
+            if passed
+            else ("needs two or more runs" if len(runs) < 2 else f"digests differ: {digests}")
+        )
+        self.checks.append(
+            Check(name, "deterministic", proves, passed, digests=digests, message=message)
+        )
         return passed
 
     def evidence(self, sentence: str) -> None:

@@ -15,18 +15,99 @@ from pathlib import Path
 
 # numpy callables whose result is float for integer input (or which draw random floats).
 FLOAT_NUMPY = frozenset(
-    """sqrt cbrt exp exp2 expm1 log log2 log10 log1p sin cos tan arcsin arccos arctan arctan2
-    sinh cosh tanh arcsinh arccosh arctanh hypot degrees radians deg2rad rad2deg mean average
-    std var median percentile quantile nanmean nanstd nanvar divide true_divide float_power
-    linspace logspace geomspace interp random reciprocal ldexp frexp nextafter spacing
-    trapz trapezoid corrcoef cov fft linalg""".split()
+    [
+        "sqrt",
+        "cbrt",
+        "exp",
+        "exp2",
+        "expm1",
+        "log",
+        "log2",
+        "log10",
+        "log1p",
+        "sin",
+        "cos",
+        "tan",
+        "arcsin",
+        "arccos",
+        "arctan",
+        "arctan2",
+        "sinh",
+        "cosh",
+        "tanh",
+        "arcsinh",
+        "arccosh",
+        "arctanh",
+        "hypot",
+        "degrees",
+        "radians",
+        "deg2rad",
+        "rad2deg",
+        "mean",
+        "average",
+        "std",
+        "var",
+        "median",
+        "percentile",
+        "quantile",
+        "nanmean",
+        "nanstd",
+        "nanvar",
+        "divide",
+        "true_divide",
+        "float_power",
+        "linspace",
+        "logspace",
+        "geomspace",
+        "interp",
+        "random",
+        "reciprocal",
+        "ldexp",
+        "frexp",
+        "nextafter",
+        "spacing",
+        "trapz",
+        "trapezoid",
+        "corrcoef",
+        "cov",
+        "fft",
+        "linalg",
+    ]
 )
 # math functions that return int for int input; every other math call is rejected.
 INT_MATH = frozenset({"isqrt", "gcd", "lcm", "comb", "perm", "factorial"})
 FLOAT_NAMES = frozenset({"float", "complex"})
 FLOAT_DTYPE_STRINGS = frozenset(
-    """f f2 f4 f8 f16 d e g float float16 float32 float64 float128 half single double
-    longdouble complex complex64 complex128 c8 c16 <f4 <f8 >f4 >f8 =f4 =f8""".split()
+    [
+        "f",
+        "f2",
+        "f4",
+        "f8",
+        "f16",
+        "d",
+        "e",
+        "g",
+        "float",
+        "float16",
+        "float32",
+        "float64",
+        "float128",
+        "half",
+        "single",
+        "double",
+        "longdouble",
+        "complex",
+        "complex64",
+        "complex128",
+        "c8",
+        "c16",
+        "<f4",
+        "<f8",
+        ">f4",
+        ">f8",
+        "=f4",
+        "=f8",
+    ]
 )
 
 
@@ -80,9 +161,12 @@ def audit_source(source: str, path: str = "<string>") -> list[Finding]:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, (float, complex)):
                 add(node, f"float literal {node.value!r}")
-            elif isinstance(node.value, str) and not _is_docstring(node, parents):
-                if node.value.strip().lower() in FLOAT_DTYPE_STRINGS:
-                    add(node, f"float dtype string {node.value!r}")
+            elif (
+                isinstance(node.value, str)
+                and not _is_docstring(node, parents)
+                and node.value.strip().lower() in FLOAT_DTYPE_STRINGS
+            ):
+                add(node, f"float dtype string {node.value!r}")
         elif isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.Div):
             add(node, "true division `/` (use `//` by a positive divisor, or a shift)")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):

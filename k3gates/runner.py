@@ -67,10 +67,17 @@ def _reusable(site: GateSite) -> dict[str, Any] | None:
     return old
 
 
-def run_gates(sites: list[GateSite], *, jobs: int = 2, reuse: bool = True,
-              on_event: Callable[[str, GateSite, dict | None], None] | None = None,
-              ) -> list[dict[str, Any]]:  # fmt: skip
-    """Run (or reuse) every gate; results come back in the order of `sites`."""
+def run_gates(
+    sites: list[GateSite],
+    *,
+    jobs: int = 2,
+    reuse: bool = True,
+    on_event: Callable[[str, GateSite, dict | None], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or reuse) every gate; results come back in the order of `sites`.
+
+    The caller applies `apply_foundations` once it has every result it will publish.
+    """
     lock = threading.Lock()
 
     def one(site: GateSite) -> dict[str, Any]:
@@ -94,6 +101,51 @@ def run_gates(sites: list[GateSite], *, jobs: int = 2, reuse: bool = True,
         return list(pool.map(one, sites))
 
 
+def apply_foundations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A gate whose kernels build on a foundations gate's kernels fails when that gate fails.
+
+    Foundations gates (innovation None, e.g. the fx math) prove the shared functions every other
+    kernel imports. If `k3gates.situ.kernels` imports `k3gates.fx.kernels`, each situ gate gets a
+    `requires:<fx gate>` check carrying that gate's verdict, so a broken exp can never hide
+    behind an innovation gate whose own tolerance happened to absorb it.
+    """
+    foundations = [r for r in results if r.get("innovation") is None and r.get("kernels")]
+    out = []
+    for r in results:
+        try:
+            deps = {d for m in r.get("kernels") or [] for d in kcompile.dependencies(m)}
+        except kcompile.CompileError:
+            deps = set(r.get("kernels") or [])
+        extra = []
+        for f in foundations:
+            shared = sorted(deps & set(f["kernels"]))
+            if f is r or not shared:
+                continue
+            ok = bool(f["passed"])
+            extra.append(
+                {
+                    "name": f"requires:{f['id']}",
+                    "kind": "contract",
+                    "passed": ok,
+                    "proves": f"the foundations gate {f['id']}, which proves the shared "
+                    f"kernels {', '.join(shared)} this gate builds on, passes",
+                    "bound": None,
+                    "measured": None,
+                    "unit": "",
+                    "digests": {},
+                    "values": {},
+                    "seconds": 0.0,
+                    "message": "" if ok else f"foundations gate {f['id']} failed",
+                }
+            )
+        if extra:
+            r = {**r, "checks": [*r.get("checks", []), *extra]}
+            if r["passed"] and not all(c["passed"] for c in extra):
+                r = {**r, "passed": False, "status": "failed"}
+        out.append(r)
+    return out
+
+
 def _store(result: dict[str, Any]) -> None:
     d = _results_dir()
     d.mkdir(parents=True, exist_ok=True)
@@ -107,15 +159,26 @@ def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="k3gate-") as tmp:
         out = Path(tmp) / "result.json"
         job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"id": site.id, "module": site.module, "root": str(site.root),
-                                   "out": str(out)}))  # fmt: skip
-        env = {**os.environ, kcompile.NO_COMPILE_ENV: "1", "OMP_NUM_THREADS": str(threads),
-               "PYTHONHASHSEED": "0",
-               "PYTHONPATH": os.pathsep.join([str(site.root), *sys.path[1:]])}  # fmt: skip
+        job.write_text(
+            json.dumps(
+                {"id": site.id, "module": site.module, "root": str(site.root), "out": str(out)}
+            )
+        )
+        env = {
+            **os.environ,
+            kcompile.NO_COMPILE_ENV: "1",
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONHASHSEED": "0",
+            "PYTHONPATH": os.pathsep.join([str(site.root), *sys.path[1:]]),
+        }
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "k3gates.runner", str(job)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "k3gates.runner", str(job)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             output, _ = proc.communicate(timeout=timeout)
             status_note = None
@@ -127,13 +190,21 @@ def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:
         log = output.decode("utf-8", "replace")[-4000:]
         if status_note is None and out.is_file():
             # the static site is the authority on id, innovation, level and place
-            result = {**_failure(site, "error", ""), **json.loads(out.read_text()),
-                      "innovation": site.innovation, "level": site.level.name,
-                      "file": str(site.file), "line": site.line}  # fmt: skip
+            result = {
+                **_failure(site, "error", ""),
+                **json.loads(out.read_text()),
+                "innovation": site.innovation,
+                "level": site.level.name,
+                "file": str(site.file),
+                "line": site.line,
+            }
         elif status_note is None:
             code = proc.returncode
-            why = (f"killed by signal {signal.Signals(-code).name}" if code < 0
-                   else f"exited with status {code} before writing a result")  # fmt: skip
+            why = (
+                f"killed by signal {signal.Signals(-code).name}"
+                if code < 0
+                else f"exited with status {code} before writing a result"
+            )
             result = _failure(site, "crashed", why, log)
         else:
             result = _failure(site, *status_note, log)
@@ -161,12 +232,29 @@ def _declared_timeout(site: GateSite) -> float:
 
 
 def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[str, Any]:
-    return {"schema": RESULT_SCHEMA, "id": site.id, "innovation": site.innovation,
-            "level": site.level.name, "file": str(site.file), "line": site.line,
-            "title": site.id, "doc": "", "status": status, "passed": False, "error": message,
-            "checks": [], "summary": "", "artifacts": {}, "deps": {}, "kernel_keys": {},
-            "bounds": {}, "kernels": [], "toolchain": kcompile.toolchain(), "run_hash": "",
-            "log": log}  # fmt: skip
+    return {
+        "schema": RESULT_SCHEMA,
+        "id": site.id,
+        "innovation": site.innovation,
+        "level": site.level.name,
+        "file": str(site.file),
+        "line": site.line,
+        "title": site.id,
+        "doc": "",
+        "status": status,
+        "passed": False,
+        "error": message,
+        "checks": [],
+        "summary": "",
+        "artifacts": {},
+        "deps": {},
+        "kernel_keys": {},
+        "bounds": {},
+        "kernels": [],
+        "toolchain": kcompile.toolchain(),
+        "run_hash": "",
+        "log": log,
+    }
 
 
 # -- worker side (runs inside the gate's own process) --------------------------------------------
@@ -190,12 +278,18 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
             status, error = "compile-error", str(e)
             break
         findings = [str(f) for p in deps.values() for f in audit_file(p)]
-        ctx.checks.append(Check(
-            f"nofloat:{modname}", "nofloat",
-            f"`{modname}` and the kernels it imports contain no float literal, `/`, float dtype "
-            "or float-returning call", not findings,
-            values={"files": [str(p) for p in deps.values()], "findings": findings},
-            message="; ".join(findings[:5])))  # fmt: skip
+        ctx.checks.append(
+            Check(
+                f"nofloat:{modname}",
+                "nofloat",
+                f"`{modname}` and the kernels it imports contain no float literal, `/`, "
+                "float dtype "
+                "or float-returning call",
+                not findings,
+                values={"files": [str(p) for p in deps.values()], "findings": findings},
+                message="; ".join(findings[:5]),
+            )
+        )
         try:
             kcompile.load(modname)
         except Exception as e:
@@ -210,14 +304,26 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
     passed = status == "passed" and all(c.passed for c in ctx.checks)
     if status == "passed" and not passed:
         status = "failed"
-    return {"schema": RESULT_SCHEMA, "id": spec.id, "innovation": spec.innovation,
-            "level": spec.level.name,
-            "title": spec.title, "doc": spec.doc, "status": status, "passed": passed,
-            "error": error, "checks": [c.to_json() for c in ctx.checks],
-            "summary": ctx.summary, "artifacts": ctx.artifacts, "bounds": spec.bounds,
-            "kernels": list(spec.kernels), "kernel_keys": kernel_keys,
-            "deps": _loaded_sources(root, Path(spec.file)), "toolchain": kcompile.toolchain(),
-            "run_hash": _run_hash(spec.id, kernel_keys)}  # fmt: skip
+    return {
+        "schema": RESULT_SCHEMA,
+        "id": spec.id,
+        "innovation": spec.innovation,
+        "level": spec.level.name,
+        "title": spec.title,
+        "doc": spec.doc,
+        "status": status,
+        "passed": passed,
+        "error": error,
+        "checks": [c.to_json() for c in ctx.checks],
+        "summary": ctx.summary,
+        "artifacts": ctx.artifacts,
+        "bounds": spec.bounds,
+        "kernels": list(spec.kernels),
+        "kernel_keys": kernel_keys,
+        "deps": _loaded_sources(root, Path(spec.file)),
+        "toolchain": kcompile.toolchain(),
+        "run_hash": _run_hash(spec.id, kernel_keys),
+    }
 
 
 def _contract_checks(spec: Any, checks: list, status: str) -> list:
@@ -226,15 +332,28 @@ def _contract_checks(spec: Any, checks: list, status: str) -> list:
     if status != "passed":
         return []
     if not checks:
-        return [Check("contract", "contract", "the gate recorded at least one check", False,
-                      message="the gate recorded no checks")]  # fmt: skip
+        return [
+            Check(
+                "contract",
+                "contract",
+                "the gate recorded at least one check",
+                False,
+                message="the gate recorded no checks",
+            )
+        ]
     if spec.level < Level.HAVE:
         return []
     missing = [k for k in CONTRACT_KINDS if not any(c.kind == k for c in checks)]
-    return [Check("contract", "contract",
-                  "a gate at HAVE or above contains the contract's five kinds of check: "
-                  + ", ".join(CONTRACT_KINDS), not missing,
-                  message=f"missing: {', '.join(missing)}" if missing else "")]  # fmt: skip
+    return [
+        Check(
+            "contract",
+            "contract",
+            "a gate at HAVE or above contains the contract's five kinds of check: "
+            + ", ".join(CONTRACT_KINDS),
+            not missing,
+            message=f"missing: {', '.join(missing)}" if missing else "",
+        )
+    ]
 
 
 def _loaded_sources(root: Path, gate_file: Path) -> dict[str, str]:
@@ -261,10 +380,22 @@ def _short_traceback(e: BaseException) -> str:
 
 
 def _worker_error(job: dict[str, Any], root: Path, e: BaseException, status: str) -> dict:
-    return {"schema": RESULT_SCHEMA, "id": job["id"], "status": status, "passed": False,
-            "error": _short_traceback(e), "checks": [], "summary": "", "artifacts": {},
-            "deps": {}, "kernel_keys": {}, "bounds": {}, "kernels": [], "run_hash": "",
-            "toolchain": kcompile.toolchain()}  # fmt: skip
+    return {
+        "schema": RESULT_SCHEMA,
+        "id": job["id"],
+        "status": status,
+        "passed": False,
+        "error": _short_traceback(e),
+        "checks": [],
+        "summary": "",
+        "artifacts": {},
+        "deps": {},
+        "kernel_keys": {},
+        "bounds": {},
+        "kernels": [],
+        "run_hash": "",
+        "toolchain": kcompile.toolchain(),
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -39,15 +39,17 @@ def _fmt(fmt: str) -> int:
 
 def _array(a: object, name: str, dtype: type, *, multiple: int = 1) -> np.ndarray:
     if not isinstance(a, np.ndarray):
-        raise ValueError(f"{name}: expected a numpy array of {np.dtype(dtype).name}, "
-                         f"got {type(a).__name__}")  # fmt: skip
+        raise ValueError(
+            f"{name}: expected a numpy array of {np.dtype(dtype).name}, got {type(a).__name__}"
+        )
     if a.dtype != dtype:
         raise ValueError(f"{name}: expected dtype {np.dtype(dtype).name}, got {a.dtype}")
     if a.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D array, got {a.ndim}-D with shape {a.shape}")
     if a.shape[0] % multiple:
-        raise ValueError(f"{name}: expected a length that is a multiple of {multiple}, "
-                         f"got {a.shape[0]}")  # fmt: skip
+        raise ValueError(
+            f"{name}: expected a length that is a multiple of {multiple}, got {a.shape[0]}"
+        )
     return np.ascontiguousarray(a)
 
 
@@ -63,17 +65,23 @@ def _check_codes(scales: np.ndarray, codes: np.ndarray, fmt: str) -> int:
     scales = _array(scales, "scales", np.uint8)
     codes = _array(codes, "codes", np.uint8, multiple=BLOCK)
     if codes.shape[0] != BLOCK * scales.shape[0]:
-        raise ValueError(f"codes: expected {BLOCK} codes per scale, i.e. length "
-                         f"{BLOCK * scales.shape[0]}, got {codes.shape[0]}")  # fmt: skip
-    width = {0: 4, 1: 6, 2: 6, 3: 8, 4: 8}[f]
+        raise ValueError(
+            f"codes: expected {BLOCK} codes per scale, i.e. length "
+            f"{BLOCK * scales.shape[0]}, got {codes.shape[0]}"
+        )
+    width = WIDTH[f]
     if codes.size and int(codes.max()) >= 1 << width:
         raise ValueError(f"codes: {fmt} codes are {width}-bit, got {int(codes.max())}")
     return f
 
 
-def _values(sig: np.ndarray, exp: np.ndarray, cls: np.ndarray) -> np.ndarray:
+WIDTH = {0: 4, 1: 6, 2: 6, 3: 8, 4: 8}  # bits per element code
+
+
+def _values(sig: np.ndarray, exp: np.ndarray, cls: np.ndarray, negative: np.ndarray) -> np.ndarray:
     # Boundary conversion: sig * 2**exp is exact in float64 for every MX value (|exp| < 200).
     out = np.ldexp(sig.astype(np.float64), exp.astype(np.int32))
+    out[(sig == 0) & negative] = -0.0  # an integer has no negative zero; the sign bit does
     out[cls == 1] = np.copysign(np.inf, sig[cls == 1].astype(np.float64))
     out[cls == 2] = np.nan
     return out
@@ -82,7 +90,8 @@ def _values(sig: np.ndarray, exp: np.ndarray, cls: np.ndarray) -> np.ndarray:
 def dequantize(scales: np.ndarray, codes: np.ndarray, fmt: str) -> np.ndarray:
     """Exact float64 values of MX blocks; NaN where the scale is 0xFF or the code is NaN."""
     f = _check_codes(scales, codes, fmt)
-    return _values(*_kernels().dequantize_mx(scales, codes, f))
+    negative = (codes >> (WIDTH[f] - 1)) == 1
+    return _values(*_kernels().dequantize_mx(scales, codes, f), negative)
 
 
 def pack_fp4(codes: np.ndarray) -> np.ndarray:
@@ -97,8 +106,16 @@ def unpack_fp4(packed: np.ndarray) -> np.ndarray:
     return _kernels().unpack_fp4(_array(packed, "packed", np.uint8))
 
 
-def dot(a_scales: np.ndarray, a_codes: np.ndarray, a_fmt: str, b_scales: np.ndarray,
-        b_codes: np.ndarray, b_fmt: str = "e2m1", *, exact: bool = False) -> float | Fraction:  # fmt: skip
+def dot(
+    a_scales: np.ndarray,
+    a_codes: np.ndarray,
+    a_fmt: str,
+    b_scales: np.ndarray,
+    b_codes: np.ndarray,
+    b_fmt: str = "e2m1",
+    *,
+    exact: bool = False,
+) -> float | Fraction:
     """The dot product of two MX vectors of equal length, computed exactly in integers.
 
     Typical use is an MXFP8 activation (e4m3 or e5m2) against an MXFP4 weight (e2m1). The exact sum
@@ -107,11 +124,14 @@ def dot(a_scales: np.ndarray, a_codes: np.ndarray, a_fmt: str, b_scales: np.ndar
     """
     fa, fb = _check_codes(a_scales, a_codes, a_fmt), _check_codes(b_scales, b_codes, b_fmt)
     if a_codes.shape != b_codes.shape:
-        raise ValueError(f"b_codes: expected the length of a_codes ({a_codes.shape[0]}), "
-                         f"got {b_codes.shape[0]}")  # fmt: skip
+        raise ValueError(
+            f"b_codes: expected the length of a_codes ({a_codes.shape[0]}), got {b_codes.shape[0]}"
+        )
     if (a_fmt.lower(), b_fmt.lower()) in _TOO_WIDE:
-        raise ValueError(f"dot: {a_fmt} x {b_fmt} could overflow the exact int64 block sum; "
-                         "use an FP4 or FP6 operand")  # fmt: skip
+        raise ValueError(
+            f"dot: {a_fmt} x {b_fmt} could overflow the exact int64 block sum; "
+            "use an FP4 or FP6 operand"
+        )
     d, e, cls = _kernels().mx_block_dot(a_scales, a_codes, fa, b_scales, b_codes, fb)
     if cls.any():  # IEEE semantics for the special blocks
         a = dequantize(a_scales, a_codes, a_fmt)
@@ -119,7 +139,10 @@ def dot(a_scales: np.ndarray, a_codes: np.ndarray, a_fmt: str, b_scales: np.ndar
         with np.errstate(invalid="ignore"):
             special = float(np.sum(a * b))
         return special  # NaN or Inf: there is no exact rational to return
-    total = sum((Fraction(int(dk)) * Fraction(2) ** int(ek) for dk, ek in zip(d, e)), Fraction(0))
+    total = sum(
+        (Fraction(int(dk)) * Fraction(2) ** int(ek) for dk, ek in zip(d, e, strict=True)),
+        Fraction(0),
+    )
     return total if exact else float(total)
 
 

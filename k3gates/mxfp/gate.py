@@ -13,32 +13,47 @@ EXACT = 0  # MX conversion has one correct answer: every bound here is zero
 N_RANDOM = 1 << 20  # values per format in the HAVE gate (the issue asks for at least 10^6)
 
 
-@gate("mxfp_decode", innovation="mxfp", level="PARTIAL", kernels=["k3gates.mxfp.kernels"],
-      bounds={f"{name}_codes": EXACT for name in FORMATS} | {"e8m0_scales": EXACT})  # fmt: skip
+@gate(
+    "mxfp_decode",
+    innovation="mxfp",
+    level="PARTIAL",
+    kernels=["k3gates.mxfp.kernels"],
+    bounds={f"{name}_codes": EXACT for name in FORMATS} | {"e8m0_scales": EXACT},
+)
 def mxfp_decode(ctx: GateContext) -> None:
     """Every element code of E2M1, E2M3, E3M2, E4M3, E5M2 and all 256 E8M0 scales decode exactly.
 
     Expected values come from the formats' definitions in reference.py, evaluated in float64,
     never from the kernel. The scale is held at 2^0 so each code's own value is compared.
     """
-    for name, f in FORMATS.items():
+    for name in FORMATS:
         fmt = ref.FORMATS[name]
         codes = np.arange(1 << fmt.nbits, dtype=np.uint8)
         codes = np.resize(codes, -(-codes.size // BLOCK) * BLOCK)  # whole blocks
         scales = np.full(codes.size // BLOCK, 127, dtype=np.uint8)
         got = dequantize(scales, codes, name)
         want = ref.element_values(fmt)[codes]
-        ctx.check_reference(f"{name}_codes",
-                            f"all {1 << fmt.nbits} {name.upper()} codes decode to the exact value "
-                            "their definition gives (NaN and Inf included)", got, want,
-                            unit="absolute (exact)", codes=1 << fmt.nbits)  # fmt: skip
+        ctx.check_reference(
+            f"{name}_codes",
+            f"all {1 << fmt.nbits} {name.upper()} codes decode to the exact value "
+            "their definition gives (NaN and Inf included)",
+            got,
+            want,
+            unit="absolute (exact)",
+            codes=1 << fmt.nbits,
+        )
     k = ctx.compiled()
     b = np.arange(256, dtype=np.uint8)
     exp, nan = k.decode_e8m0(b)
     got = np.where(nan == 1, np.nan, np.ldexp(1.0, exp.astype(np.int32)))
     want = np.array([ref.decode_e8m0(int(v)) for v in b])
-    ctx.check_reference("e8m0_scales", "all 256 E8M0 bytes decode to 2^(b-127), and 0xFF to NaN",
-                        got, want, unit="absolute (exact)")  # fmt: skip
+    ctx.check_reference(
+        "e8m0_scales",
+        "all 256 E8M0 bytes decode to 2^(b-127), and 0xFF to NaN",
+        got,
+        want,
+        unit="absolute (exact)",
+    )
     ctx.evidence("all 1,984 element codes of five formats and 256 E8M0 scales decode exactly")
 
 
@@ -61,8 +76,10 @@ def _edge_block_values(name: str) -> np.ndarray:
         np.resize(np.concatenate([mids, -mids]) * f.max_value / finite.max(), 32),  # ties at 2^0
         np.resize(finite, 32),  # every representable magnitude
         # saturation: above max but below 2^(emax+1), so the scale stays 2^0 and they clamp
-        np.array([np.nextafter(2.0 ** (f.emax + 1), 0), 1.99 * 2.0**f.emax, f.max_value * 1.01]
-                 + [1.0] * 29),  # fmt: skip
+        np.array(
+            [np.nextafter(2.0 ** (f.emax + 1), 0), 1.99 * 2.0**f.emax, f.max_value * 1.01]
+            + [1.0] * 29
+        ),
         np.array([np.nan] + [1.0] * 31),  # NaN poisons the block
         np.array([np.inf] + [1.0] * 31),
         np.array([-np.inf] + [-1.0] * 31),
@@ -81,8 +98,13 @@ def _random_values(rng: np.random.Generator, n: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
-@gate("mxfp_quantize", innovation="mxfp", level="HAVE", kernels=["k3gates.mxfp.kernels"],
-      bounds={f"{name}_roundtrip": EXACT for name in FORMATS} | {"dot_exact": EXACT})  # fmt: skip
+@gate(
+    "mxfp_quantize",
+    innovation="mxfp",
+    level="HAVE",
+    kernels=["k3gates.mxfp.kernels"],
+    bounds={f"{name}_roundtrip": EXACT for name in FORMATS} | {"dot_exact": EXACT},
+)
 def mxfp_quantize(ctx: GateContext) -> None:
     """MX quantise, dequantise, FP4 packing and the MXFP8 x MXFP4 dot agree exactly with float64."""
     rng = np.random.default_rng(20260701)
@@ -92,23 +114,40 @@ def mxfp_quantize(ctx: GateContext) -> None:
         r_scales, r_codes = ref.quantize(x, name)
         got = dequantize(scales, codes, name)
         want = ref.dequantize(r_scales, r_codes, name)
-        ctx.check_reference(f"{name}_roundtrip",
-                            f"{x.size:,} float32 values (random over 235 binades plus every edge "
-                            f"case) quantise to {name.upper()} and dequantise to exactly the float64 "
-                            "reference's values", got, want, unit="absolute (exact)")  # fmt: skip
+        ctx.check_reference(
+            f"{name}_roundtrip",
+            f"{x.size:,} float32 values (random over 235 binades plus every edge "
+            f"case) quantise to {name.upper()} and dequantise to exactly the float64 "
+            "reference's values",
+            got,
+            want,
+            unit="absolute (exact)",
+        )
         bad_codes = int(np.count_nonzero(codes != r_codes))
         bad_scales = int(np.count_nonzero(scales != r_scales))
-        ctx.check(f"{name}_codes_equal",
-                  f"the {name.upper()} codes and E8M0 scales are the reference's, bit for bit "
-                  "(signed zeros and NaN blocks included)", bad_codes == 0 and bad_scales == 0,
-                  message=f"{bad_codes} codes and {bad_scales} scales differ",
-                  codes_differing=bad_codes, scales_differing=bad_scales)  # fmt: skip
+        # == calls -0.0 and +0.0 equal; the bit patterns do not (NaN payloads aside)
+        finite = ~np.isnan(want)
+        bad_bits = int(
+            np.count_nonzero(got[finite].view(np.uint64) != want[finite].view(np.uint64))
+        )
+        ctx.check(
+            f"{name}_codes_equal",
+            f"the {name.upper()} codes and E8M0 scales are the reference's, and the "
+            "dequantised float64 bit patterns too (signed zeros included)",
+            bad_codes == 0 and bad_scales == 0 and bad_bits == 0,
+            message=f"{bad_codes} codes, {bad_scales} scales, {bad_bits} values differ",
+            codes_differing=bad_codes,
+            scales_differing=bad_scales,
+            values_differing_in_bits=bad_bits,
+        )
 
     _check_dot(ctx, rng)
     _check_packing(ctx, x)
     _check_compiled_and_determinism(ctx, x)
-    ctx.evidence(f"{x.size:,} values x 5 formats quantise bit-exactly; MXFP8·MXFP4 dot exact; "
-                 f"{ctx.artifacts['mxfp4_bits_per_value']} bits/value measured")  # fmt: skip
+    ctx.evidence(
+        f"{x.size:,} values x 5 formats quantise bit-exactly; MXFP8·MXFP4 dot exact; "
+        f"{ctx.artifacts['mxfp4_bits_per_value']} bits/value measured"
+    )
 
 
 def _check_dot(ctx: GateContext, rng: np.random.Generator) -> None:
@@ -125,10 +164,15 @@ def _check_dot(ctx: GateContext, rng: np.random.Generator) -> None:
             want = ref.exact_dot(ref.dequantize(sa, ca, a_fmt), ref.dequantize(sb, cb, "e2m1"))
             worst = max(worst, abs(got - want))
             trials += 1
-    ctx.check_reference("dot_exact",
-                        f"{trials} MXFP8 (E4M3 and E5M2) x MXFP4 dot products equal the exact "
-                        "rational sum of the dequantised products", float(worst), 0.0,
-                        unit="absolute (exact rational)", trials=trials)  # fmt: skip
+    ctx.check_reference(
+        "dot_exact",
+        f"{trials} MXFP8 (E4M3 and E5M2) x MXFP4 dot products equal the exact "
+        "rational sum of the dequantised products",
+        float(worst),
+        0.0,
+        unit="absolute (exact rational)",
+        trials=trials,
+    )
 
 
 def _check_packing(ctx: GateContext, x: np.ndarray) -> None:
@@ -136,20 +180,28 @@ def _check_packing(ctx: GateContext, x: np.ndarray) -> None:
     packed = pack_fp4(codes)
     low_even = bool(np.array_equal(packed & 0xF, codes[0::2]))
     high_odd = bool(np.array_equal(packed >> 4, codes[1::2]))
-    ctx.check("fp4_packing",
-              "FP4 packs two codes per byte with the even index in the low nibble, and unpacking "
-              "restores every code", low_even and high_odd and bool(
-                  np.array_equal(unpack_fp4(packed), codes)))  # fmt: skip
+    ctx.check(
+        "fp4_packing",
+        "FP4 packs two codes per byte with the even index in the low nibble, and unpacking "
+        "restores every code",
+        low_even and high_odd and bool(np.array_equal(unpack_fp4(packed), codes)),
+    )
     mxfp4 = bits_per_value(scales, packed, x.size)
     s8, c8 = quantize(x, "e4m3")
     mxfp8 = bits_per_value(s8, c8, x.size)
     ctx.artifact("mxfp4_bits_per_value", mxfp4)
     ctx.artifact("mxfp8_bits_per_value", mxfp8)
-    ctx.check("bits_per_value",
-              "storage measured from the packed arrays is 4 + 8/32 = 4.25 bits per value for "
-              "MXFP4 and 8.25 for MXFP8", mxfp4 == 4.25 and mxfp8 == 8.25,
-              message=f"measured {mxfp4} and {mxfp8}", mxfp4=mxfp4, mxfp8=mxfp8,
-              scale_bytes=int(scales.nbytes), packed_bytes=int(packed.nbytes))  # fmt: skip
+    ctx.check(
+        "bits_per_value",
+        "storage measured from the packed arrays is 4 + 8/32 = 4.25 bits per value for "
+        "MXFP4 and 8.25 for MXFP8",
+        mxfp4 == 4.25 and mxfp8 == 8.25,
+        message=f"measured {mxfp4} and {mxfp8}",
+        mxfp4=mxfp4,
+        mxfp8=mxfp8,
+        scale_bytes=int(scales.nbytes),
+        packed_bytes=int(packed.nbytes),
+    )
 
 
 def _check_compiled_and_determinism(ctx: GateContext, x: np.ndarray) -> None:
@@ -159,8 +211,9 @@ def _check_compiled_and_determinism(ctx: GateContext, x: np.ndarray) -> None:
     for name, f in FORMATS.items():
         ctx.check_compiled_matches_interpreted(f"compiled_{name}", "quantize_mx", probe, f)
     s, c = quantize(x, "e4m3")
-    ctx.check_compiled_matches_interpreted("compiled_dequantize", "dequantize_mx",
-                                           s[:120], c[: 120 * BLOCK], 3)  # fmt: skip
+    ctx.check_compiled_matches_interpreted(
+        "compiled_dequantize", "dequantize_mx", s[:120], c[: 120 * BLOCK], 3
+    )
     # the same values in another block order quantise to the same codes, permuted
     nb = x.size // BLOCK
     perm = np.random.default_rng(7).permutation(nb)
@@ -169,7 +222,9 @@ def _check_compiled_and_determinism(ctx: GateContext, x: np.ndarray) -> None:
     ps, pc = k.quantize_mx(x.reshape(nb, BLOCK)[perm].reshape(-1).view(np.uint32), 0)
     inv = np.argsort(perm)
     unpermuted = (ps[inv], pc.reshape(nb, BLOCK)[inv].reshape(-1))
-    ctx.check_deterministic("deterministic",
-                            "two runs, and a run over the blocks in a shuffled order (un-shuffled "
-                            "afterwards), give identical scales and codes",
-                            {"first": first, "second": second, "shuffled": unpermuted})  # fmt: skip
+    ctx.check_deterministic(
+        "deterministic",
+        "two runs, and a run over the blocks in a shuffled order (un-shuffled "
+        "afterwards), give identical scales and codes",
+        {"first": first, "second": second, "shuffled": unpermuted},
+    )

@@ -10,7 +10,8 @@ Element formats, by `fmt` number (the library face maps names to numbers):
     1    e2m3  2     3     1    2     7.5     2**-3          none
     2    e3m2  3     2     3    4     28      2**-4          none
     3    e4m3  4     3     7    8     448     2**-9          NaN = S.1111.111
-    4    e5m2  5     2     15   15    57344   2**-16         Inf = S.11111.00, NaN = S.11111.{01,10,11}
+    4    e5m2  5     2     15   15    57344   2**-16         Inf = S.11111.00,
+                                                                NaN = S.11111.{01,10,11}
 
 The scale is E8M0: byte b means 2**(b - 127) for b in 0..254, and 0xFF means NaN.
 
@@ -108,7 +109,7 @@ def _quantize_element(u, x_exp, mbits, bias, maxmag, sign_pos):
     return (s << sign_pos) | mag
 
 
-#pythran export quantize_mx(uint32[:], int)
+# pythran export quantize_mx(uint32[:], int)
 def quantize_mx(bits, fmt):
     """MX-quantise float32 bits in blocks of 32. Returns (scales uint8[nb], codes uint8[n]).
 
@@ -171,7 +172,7 @@ def _decode_element(code, fmt):
     return sig, exp, cls
 
 
-#pythran export dequantize_mx(uint8[:], uint8[:], int)
+# pythran export dequantize_mx(uint8[:], uint8[:], int)
 def dequantize_mx(scales, codes, fmt):
     """Exact values of MX blocks: (sig int64[n], exp int64[n], cls int8[n]).
 
@@ -191,7 +192,7 @@ def dequantize_mx(scales, codes, fmt):
     return sig, exp, cls
 
 
-#pythran export decode_e8m0(uint8[:])
+# pythran export decode_e8m0(uint8[:])
 def decode_e8m0(scales):
     """E8M0 bytes -> (exp int64, is_nan int8): value 2**exp, or NaN for 0xFF."""
     n = scales.shape[0]
@@ -203,7 +204,7 @@ def decode_e8m0(scales):
     return exp, nan
 
 
-#pythran export pack_fp4(uint8[:])
+# pythran export pack_fp4(uint8[:])
 def pack_fp4(codes):
     """Two 4-bit codes per byte, the even index in the low nibble. len(codes) must be even."""
     n = codes.shape[0] // 2
@@ -213,7 +214,7 @@ def pack_fp4(codes):
     return packed
 
 
-#pythran export unpack_fp4(uint8[:])
+# pythran export unpack_fp4(uint8[:])
 def unpack_fp4(packed):
     """Inverse of pack_fp4."""
     n = packed.shape[0]
@@ -224,7 +225,7 @@ def unpack_fp4(packed):
     return codes
 
 
-#pythran export quantize_pack_fp4(uint32[:])
+# pythran export quantize_pack_fp4(uint32[:])
 def quantize_pack_fp4(bits):
     """MXFP4 (E2M1) quantisation straight to packed bytes: (scales uint8[nb], packed uint8[n/2])."""
     scales, codes = quantize_mx(bits, E2M1)
@@ -237,7 +238,7 @@ def _fixed_point(code, fmt):
     return sig << (exp - (1 - FMT_BIAS[fmt] - FMT_MBITS[fmt])), cls
 
 
-#pythran export mx_block_dot(uint8[:], uint8[:], int, uint8[:], uint8[:], int)
+# pythran export mx_block_dot(uint8[:], uint8[:], int, uint8[:], uint8[:], int)
 def mx_block_dot(a_scales, a_codes, a_fmt, b_scales, b_codes, b_fmt):
     """Exact per-block dot products of two MX vectors: (d int64[nb], e int64[nb], cls int8[nb]).
 

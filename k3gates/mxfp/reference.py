@@ -62,7 +62,7 @@ def decode_element(code: int, f: ElementFormat) -> float:
     if f.nan_codes == "ieee" and e == top:
         return sign * float("inf") if m == 0 else float("nan")
     if e == 0:
-        return sign * 2.0 ** f.emin * (m / 2.0**f.mbits)
+        return sign * 2.0**f.emin * (m / 2.0**f.mbits)
     return sign * 2.0 ** (e - f.bias) * (1.0 + m / 2.0**f.mbits)
 
 
@@ -125,5 +125,7 @@ def dequantize(scales: np.ndarray, codes: np.ndarray, fmt: str) -> np.ndarray:
 
 def exact_dot(a_vals: np.ndarray, b_vals: np.ndarray) -> Fraction:
     """sum a_i * b_i as an exact rational (float64 MX values are exact binary fractions)."""
-    return sum((Fraction(float(a)) * Fraction(float(b)) for a, b in zip(a_vals, b_vals)),
-               Fraction(0))  # fmt: skip
+    return sum(
+        (Fraction(float(a)) * Fraction(float(b)) for a, b in zip(a_vals, b_vals, strict=True)),
+        Fraction(0),
+    )

@@ -1,0 +1,82 @@
+"""Shared fixtures: the project root, a build runner, and one full build per test session.
+
+The session build uses a cache of its own (never the developer's ~/.cache), so the suite proves
+the cold path every time. Set K3_TEST_CACHE to a folder to keep that cache across sessions while
+iterating locally; CI never sets it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_GATES = ROOT / "tests" / "fixtures" / "fixture_gates"
+
+
+@dataclass
+class BuildRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    out: Path
+
+    @property
+    def census(self) -> dict:
+        return json.loads((self.out / "census.json").read_text())
+
+
+def run_build(out: Path, *args: str, cache: Path, timeout: float = 3600) -> BuildRun:
+    env = {**os.environ, "K3GATES_CACHE": str(cache)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "--out", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return BuildRun(proc.returncode, proc.stdout, proc.stderr, out)
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (following the published symlink) -> sha256 of its bytes."""
+    real = folder.resolve()
+    return {
+        str(p.relative_to(real)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(real.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if os.environ.get("K3_TEST_CACHE"):
+        return Path(os.environ["K3_TEST_CACHE"])
+    return tmp_path_factory.mktemp("k3cache")
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> BuildRun:
+    """One full build of the real project, shared by every test that reads the site."""
+    out = tmp_path_factory.mktemp("site") / "public"
+    run = run_build(out, cache=session_cache)
+    if run.returncode != 0:
+        pytest.fail(f"the project's own build failed:\n{run.stdout}\n{run.stderr}")
+    return run
+
+
+@pytest.fixture
+def build(session_cache: Path) -> Callable[..., BuildRun]:
+    def _build(out: Path, *args: str) -> BuildRun:
+        return run_build(out, *args, cache=session_cache)
+
+    return _build

@@ -1,0 +1,162 @@
+"""The site build end to end: census.json, liar-kill on the page, incremental, bad input."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, BuildRun, tree_digest
+
+from k3gates.registry import INNOVATIONS
+
+
+def test_census_lists_exactly_the_ten_canonical_ids(built_site: BuildRun):
+    c = built_site.census
+    assert c["schema"] == "k3-census/1"
+    assert [r["id"] for r in c["innovations"]] == list(INNOVATIONS)
+    for row in c["innovations"]:
+        assert {"level", "score", "gates", "checks_passed", "checks_total"} <= set(row)
+        assert row["score"] == ["GAP", "PARTIAL", "HAVE", "STRONG", "PROVEN"].index(row["level"])
+
+
+def test_permille_is_floor_thousand_sum_over_forty(built_site: BuildRun):
+    c = built_site.census
+    total = sum(r["score"] for r in c["innovations"])
+    assert c["permille"] == (1000 * total) // 40
+    assert c["arithmetic"] == f"floor(1000 × {total} / 40) = {c['permille']}"
+
+
+def test_mxfp_is_have_with_every_check_passing(built_site: BuildRun):
+    c = built_site.census
+    row = next(r for r in c["innovations"] if r["id"] == "mxfp")
+    assert row["level"] in {"HAVE", "STRONG", "PROVEN"}
+    gates = [g for g in c["gates"] if g["innovation"] == "mxfp"]
+    assert {g["level"] for g in gates} >= {"PARTIAL", "HAVE"}
+    for g in gates:
+        assert g["passed"], g["id"]
+        assert g["checks"] and all(ch["passed"] for ch in g["checks"]), g["id"]
+    have = next(g for g in gates if g["level"] == "HAVE")
+    assert {ch["kind"] for ch in have["checks"]} >= {
+        "nofloat",
+        "compiled",
+        "reference",
+        "deterministic",
+        "property",
+    }
+
+
+def test_every_gate_of_the_project_passes(built_site: BuildRun):
+    failed = {
+        g["id"]: g["error"] or [c["name"] for c in g["checks"] if not c["passed"]]
+        for g in built_site.census["gates"]
+        if not g["passed"]
+    }
+    assert not failed
+
+
+def test_liar_killed_claims_are_struck_through_with_the_reason(built_site: BuildRun):
+    c = built_site.census
+    index = (built_site.out / "index.html").read_text()
+    killed = [r for r in c["innovations"] if r["killed"]]
+    # a claim above the proven level is killed, and only such a claim
+    for r in c["innovations"]:
+        levels = ["GAP", "PARTIAL", "HAVE", "STRONG", "PROVEN"]
+        assert r["killed"] == (levels.index(r["claim"]) > r["score"]), r["id"]
+    assert killed, "the starting claims include GAP-level innovations claimed higher"
+    for r in killed:
+        row = re.search(rf'<tr id="row-{r["id"]}".*?</tr>', index, re.S).group(0)
+        assert f"<s>{r['claim']}</s>" in row
+        assert r["kill_reason"].split(":")[0] in row
+        page = (built_site.out / "innovations" / r["id"] / "index.html").read_text()
+        assert "Liar-killed" in page and f"<s>{r['claim']}</s>" in page
+
+
+def test_second_build_with_nothing_changed_compiles_nothing(built_site: BuildRun, build):
+    again = build(built_site.out)
+    assert again.returncode == 0, again.stderr
+    assert "compile: nothing to compile" in again.stdout
+    assert re.search(r"done: compiled 0, reused \d+ modules; gates ran 0,", again.stdout)
+    assert again.census["permille"] == built_site.census["permille"]
+    assert all(not g["ran"] for g in again.census["gates"])
+
+
+def _content_copy(tmp_path: Path) -> Path:
+    dst = tmp_path / "site_src"
+    shutil.copytree(ROOT / "site_src", dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda d: (d / "innovations" / "kda.md").write_text(
+                (d / "innovations" / "kda.md").read_text().replace('id = "kda"', 'id = "kdaa"')
+            ),
+            r"innovations/kda\.md:2: unknown innovation 'kdaa'",
+        ),
+        (
+            lambda d: (d / "innovations" / "mxfp8.md").write_text(
+                (d / "innovations" / "mxfp.md").read_text().replace('id = "mxfp"', 'id = "mxfp8"')
+            ),
+            r"innovations/mxfp8\.md:2: id 'mxfp8' claims the slot 'mxfp', "
+            r"which .*/mxfp\.md already",
+        ),
+        (
+            lambda d: (d / "innovations" / "situ.md").write_text(
+                (d / "innovations" / "situ.md")
+                .read_text()
+                .replace('claim = "PARTIAL"', "claim = PARTIAL")
+            ),
+            r"innovations/situ\.md:\d+: front matter is not valid TOML",
+        ),
+        (
+            lambda d: (d / "innovations" / "attnres.md").write_text("no front matter here\n"),
+            r"innovations/attnres\.md:1: no front matter; the file must start with a `\+\+\+` line",
+        ),
+        (
+            lambda d: (d / "innovations" / "longctx.md").write_text(
+                (d / "innovations" / "longctx.md")
+                .read_text()
+                .replace('claim = "GAP"', 'claim = "HAV"')
+            ),
+            r"innovations/longctx\.md:4: `claim`: unknown level 'HAV'",
+        ),
+    ],
+)
+def test_bad_content_fails_naming_the_file_and_leaves_public_intact(
+    built_site: BuildRun, build, tmp_path: Path, edit, message
+):
+    before = tree_digest(built_site.out)
+    content = _content_copy(tmp_path)
+    edit(content)
+    run = build(built_site.out, "--content", str(content))
+    assert run.returncode == 1
+    assert re.search(message, run.stderr), run.stderr
+    assert "was left unchanged" in run.stderr
+    assert tree_digest(built_site.out) == before
+
+
+def test_template_error_names_the_template_and_line(built_site: BuildRun, build, tmp_path: Path):
+    before = tree_digest(built_site.out)
+    templates = tmp_path / "templates"
+    shutil.copytree(ROOT / "templates", templates)
+    gate = templates / "gate.html"
+    lines = gate.read_text().splitlines()
+    lines[5] += " {{ gate.no_such_field.deeper }}"
+    gate.write_text("\n".join(lines) + "\n")
+    run = build(built_site.out, "--templates", str(templates))
+    assert run.returncode == 1
+    assert re.search(r"templates/gate\.html:6: UndefinedError", run.stderr), run.stderr
+    assert tree_digest(built_site.out) == before
+
+
+def test_the_published_site_is_a_symlink_swapped_whole(built_site: BuildRun):
+    assert built_site.out.is_symlink()
+    target = built_site.out.resolve()
+    assert target.parent.name == f".{built_site.out.name}"
+    assert (target / "index.html").is_file() and (target / "census.json").is_file()
+    assert (target / "404.html").is_file() and (target / "sitemap.xml").is_file()
+    assert (target / "index.html.gz").is_file()

@@ -1,0 +1,99 @@
+"""The census rules as a table: ladder, caps, liar-kill, permille."""
+
+import pytest
+
+from k3gates.census import GateOutcome, blocker, census, innovation_level, liar_kill, permille
+from k3gates.registry import INNOVATIONS, Level
+
+P, H, S, V = Level.PARTIAL, Level.HAVE, Level.STRONG, Level.PROVEN
+
+
+def g(level: Level, passed: bool, name: str = "") -> GateOutcome:
+    return GateOutcome(name or f"{level.name.lower()}_{passed}", level, passed, failure="boom")
+
+
+@pytest.mark.parametrize(
+    ("gates", "expected"),
+    [
+        ([], Level.GAP),
+        ([g(P, True)], P),
+        ([g(P, False)], Level.GAP),
+        ([g(P, True), g(H, True)], H),
+        ([g(P, True), g(H, True), g(S, True), g(V, True)], V),
+        ([g(P, True), g(H, False), g(S, True)], P),  # a failing HAVE caps STRONG
+        ([g(P, False), g(H, True), g(S, True)], Level.GAP),  # a failing lower gate caps all above
+        ([g(P, True), g(P, True, "p2"), g(H, True)], H),
+        ([g(P, True), g(P, False, "p2"), g(H, True)], Level.GAP),  # every gate at a level must pass
+        ([g(P, True), g(H, True), g(S, False)], H),  # a failing higher gate does not lower
+        ([g(H, True)], H),  # the highest level that has a gate, with all at or below passing
+        ([g(P, True), g(V, True)], V),  # DESIGN.md's rule, read literally: empty rungs do not cap
+    ],
+)
+def test_innovation_level(gates, expected):
+    assert innovation_level(gates) == expected
+
+
+def test_blocker_names_the_failing_gate_or_the_missing_level():
+    assert blocker([g(P, True)], P) == "no HAVE gate exists"
+    assert blocker([g(P, True), g(H, False, "kda_serve")], P) == (
+        "gate kda_serve (HAVE) fails: boom"
+    )
+    assert blocker([g(P, True), g(V, True)], P).startswith("no HAVE gate exists")
+    assert blocker([g(V, True)], V) == ""
+
+
+def test_liar_kill_only_above_the_proven_level():
+    v = liar_kill(Level.STRONG, Level.PARTIAL, "no HAVE gate exists")
+    assert v.killed
+    assert v.reason == "claimed STRONG, but the gates prove PARTIAL: no HAVE gate exists"
+    assert not liar_kill(Level.HAVE, Level.HAVE, "").killed
+    assert not liar_kill(Level.PARTIAL, Level.PROVEN, "").killed  # modest text is no lie
+
+
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [
+        ([0] * 10, 0),
+        ([4] * 10, 1000),
+        ([2] + [0] * 9, 50),
+        ([1] * 3 + [0] * 7, 75),
+        ([3, 3, 3] + [0] * 7, 225),
+        ([1] + [0] * 9, 25),
+        ([4, 4, 4, 4, 3, 3, 2, 2, 1, 0], 675),
+    ],
+)
+def test_permille_is_floor_of_thousand_times_sum_over_forty(scores, expected):
+    assert permille(scores) == expected == (1000 * sum(scores)) // 40
+
+
+def _result(id_, innovation, level, passed, checks=2):
+    return {
+        "id": id_,
+        "innovation": innovation,
+        "level": level,
+        "passed": passed,
+        "status": "passed" if passed else "failed",
+        "summary": f"{id_} evidence",
+        "checks": [
+            {"name": f"c{i}", "passed": passed or i, "message": "bad"} for i in range(checks)
+        ],
+    }
+
+
+def test_census_rows_use_the_proven_level_and_kill_overclaims():
+    results = [
+        _result("mx_p", "mxfp", "PARTIAL", True),
+        _result("mx_h", "mxfp", "HAVE", False),
+        _result("fx", None, "PARTIAL", True),
+    ]
+    claims = {"mxfp": Level.HAVE, "kda": Level.HAVE, "longctx": Level.GAP}
+    c = census(results, claims)
+    rows = {r["id"]: r for r in c["innovations"]}
+    assert list(rows) == list(INNOVATIONS)
+    assert rows["mxfp"]["level"] == "PARTIAL" and rows["mxfp"]["killed"]
+    assert "gate mx_h (HAVE) fails: check c0: bad" in rows["mxfp"]["kill_reason"]
+    assert rows["mxfp"]["checks_passed"] == 3 and rows["mxfp"]["checks_total"] == 4
+    assert rows["kda"]["killed"] and rows["kda"]["level"] == "GAP"
+    assert not rows["longctx"]["killed"]
+    assert c["permille"] == 25  # only mxfp's PARTIAL scores; the foundations gate counts for none
+    assert c["score_sum"] == 1 and c["score_max"] == 40

@@ -1,0 +1,98 @@
+"""The Pythran cache: content-hash keys, no stale module, cached failures, loading by path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from k3gates import compile as kc
+
+LIB = """
+#pythran export scale(int64)
+def scale(x):
+    return x * FACTOR
+
+FACTOR = 3
+"""
+USER = """
+import numpy as np
+from ..lib.kernels import scale
+
+#pythran export apply(int64[:])
+def apply(a):
+    out = np.zeros(a.shape[0], dtype=np.int64)
+    for i in range(a.shape[0]):
+        out[i] = scale(a[i]) + (a[i] // 4)
+    return out
+"""
+
+
+@pytest.fixture
+def pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A throwaway gate package `tpkg` with lib/ and user/ kernels, and a private cache."""
+    root = tmp_path / "src"
+    for sub, text in (("lib", LIB), ("user", USER)):
+        (root / "tpkg" / sub).mkdir(parents=True)
+        (root / "tpkg" / sub / "__init__.py").write_text("")
+        (root / "tpkg" / sub / "kernels.py").write_text(text)
+    (root / "tpkg" / "__init__.py").write_text("")
+    monkeypatch.setenv("K3GATES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(root))
+    kc._key_memo.clear()
+    yield root / "tpkg"
+    for name in [m for m in sys.modules if m.startswith("tpkg")]:
+        del sys.modules[name]
+
+
+def test_compile_then_reuse_then_recompile_on_change(pkg: Path):
+    first = kc.ensure("tpkg.user.kernels")
+    assert first.error is None and not first.reused
+    assert first.path is not None and kc.cache_root() in first.path.parents
+    again = kc.ensure("tpkg.user.kernels")
+    assert again.reused and again.key == first.key
+    a = np.array([-9, -1, 0, 7], dtype=np.int64)
+    assert kc.load("tpkg.user.kernels").apply(a).tolist() == [-30, -4, 0, 22]
+
+    # an edit to the *imported* module changes the key, and load() serves the new code
+    lib = pkg / "lib" / "kernels.py"
+    lib.write_text(LIB.replace("FACTOR = 3", "FACTOR = 5"))
+    changed = kc.ensure("tpkg.user.kernels")
+    assert changed.key != first.key and not changed.reused
+    assert kc.load("tpkg.user.kernels").apply(a).tolist() == [-48, -6, 0, 36]
+
+
+def test_compiled_matches_interpreted_on_negative_floor_division(pkg: Path):
+    a = np.arange(-50, 50, dtype=np.int64)
+    compiled = kc.load("tpkg.user.kernels").apply(a)
+    interpreted = kc.interpreted("tpkg.user.kernels").apply(a)
+    assert np.array_equal(compiled, interpreted)
+
+
+def test_a_stale_extension_beside_the_source_is_refused(pkg: Path):
+    (pkg / "user" / "kernels.cpython-311-x86_64-linux-gnu.so").write_bytes(b"not really")
+    result = kc.ensure("tpkg.user.kernels")
+    assert result.path is None
+    assert "would shadow the source" in result.error and "kernels.cpython-311" in result.error
+    with pytest.raises(kc.StaleModuleError):
+        kc.interpreted("tpkg.user.kernels")
+
+
+def test_a_failed_compile_is_cached_with_its_message(pkg: Path):
+    bad = pkg / "user" / "kernels.py"
+    bad.write_text(USER + "\n\nclass Nope:\n    pass\n")
+    failed = kc.ensure("tpkg.user.kernels")
+    assert failed.path is None and not failed.reused
+    assert str(bad) in failed.error and "level statements can only be" in failed.error
+    again = kc.ensure("tpkg.user.kernels")
+    assert again.reused and again.error == failed.error
+    with pytest.raises(kc.CompileError, match="level statements can only be"):
+        kc.load("tpkg.user.kernels")
+
+
+def test_no_compile_mode_refuses_a_cache_miss(pkg: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(kc.NO_COMPILE_ENV, "1")
+    with pytest.raises(kc.CompileError, match="not compiled for key"):
+        kc.ensure("tpkg.lib.kernels")
