@@ -271,8 +271,11 @@ def _run_pythran(modname: str, key: str) -> str | None:
 
 def _compiler_message(src: Path, output: str) -> str:
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower() and "CRITICAL" not in ln]
-    headline = errors[0] if errors else (lines[-1] if lines else "no message")
+    if any(ln.startswith("Traceback") for ln in lines):
+        headline = lines[-1]  # Pythran itself crashed: the exception is the last line
+    else:
+        errors = [ln for ln in lines if "error" in ln.lower() and "CRITICAL" not in ln]
+        headline = errors[0] if errors else (lines[-1] if lines else "no message")
     tail = "\n".join(lines[-25:])
     return f"{src}: pythran failed: {headline.strip()}\n{tail}"
 

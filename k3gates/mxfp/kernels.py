@@ -51,12 +51,13 @@ E8M0_BIAS = 127
 
 
 def _bitlen(m):
-    """Number of significant bits of 0 <= m < 2**24 (0 for m == 0)."""
+    """Number of significant bits of 0 <= m < 2**32 (0 for m == 0), by binary search."""
     n = 0
-    while m > 0:
-        m >>= 1
-        n += 1
-    return n
+    for step in (16, 8, 4, 2, 1):
+        if m >= (1 << step):
+            m >>= step
+            n += step
+    return n + (1 if m > 0 else 0)
 
 
 def _floor_log2_bits(a):
@@ -67,46 +68,36 @@ def _floor_log2_bits(a):
     return e - 127
 
 
-def _rne_shift(m, sh):
-    """round(m / 2**sh), ties to even, for 0 <= m < 2**24 and 1 <= sh <= 25."""
-    q = m >> sh
-    rem = m & ((1 << sh) - 1)
-    half = 1 << (sh - 1)
-    if rem > half or (rem == half and (q & 1) == 1):
-        q += 1
-    return q
-
-
 def _quantize_element(u, x_exp, mbits, bias, maxmag, sign_pos):
-    """The element code of float32 bits `u` against scale 2**x_exp (RNE, saturating)."""
-    s = (u >> 31) & 1
+    """The element code of float32 bits `u` against scale 2**x_exp (RNE, saturating).
+
+    Write |u| = M * 2**(e - 150) with the leading bit of M at bit 23 (float32 subnormals are
+    normalised first, zero gets e = -200 so it lands on code 0). With t = e - 127 - X the binade
+    of |u| / 2**X, the element grid has spacing 2**(max(t, 1 - bias) - mbits), so
+        n = RNE(M / 2**sh),  sh = 23 - mbits + max(0, 1 - bias - t)
+        code = ((max(t + bias, 1) - 1) << mbits) + n,  saturated at maxmag.
+    Adding n (rather than or-ing a mantissa) carries a rounded-up mantissa into the exponent
+    field, and a subnormal rounded up to 2**mbits lands exactly on the smallest normal code.
+    Magnitudes: M < 2**24, sh <= 62, so M + 2**(sh-1) < 2**62.
+    """
     e = (u >> 23) & 0xFF
     m = u & 0x7FFFFF
-    if e == 0 and m == 0:
-        return s << sign_pos
-    # |u| = big_m * 2**big_e exactly, big_m < 2**24
-    big_m = m | 0x800000 if e != 0 else m
-    big_e = e - 150 if e != 0 else -149
-    # t = floor(log2(|u| / 2**X)); the grid spacing is 2**se, subnormals below emin = 1 - bias
-    t = _floor_log2_bits(u & 0x7FFFFFFF) - x_exp
-    se = max(t, 1 - bias) - mbits
-    sh = se - (big_e - x_exp)
-    if sh <= 0:
-        n = big_m << (-sh)
-    elif sh > 25:
-        n = 0  # big_m < 2**24 <= half an LSB at this shift: rounds to zero
-    else:
-        n = _rne_shift(big_m, sh)
-    if n >= (2 << mbits):  # rounding carried into the next binade
-        n >>= 1
-        se += 1
-    if n >= (1 << mbits):
-        mag = ((se + mbits + bias) << mbits) | (n - (1 << mbits))
-    else:
-        mag = n
-    if mag > maxmag:
-        mag = maxmag
-    return (s << sign_pos) | mag
+    if e != 0:
+        big_m = m | 0x800000
+    elif m == 0:
+        big_m = 0
+        e = -200
+    else:  # float32 subnormal: move the leading bit to bit 23
+        length = _bitlen(m)
+        big_m = m << (24 - length)
+        e = length - 23
+    t = e - 127 - x_exp
+    # (the outer max(1, ...) is always a no-op; it gives Pythran's range analysis a lower bound)
+    sh = max(1, min(23 - mbits + max(0, 1 - bias - t), 62))
+    # n = round(M / 2**sh), ties to even: add half - 1, plus one more when the kept LSB is odd
+    n = (big_m + (1 << (sh - 1)) - 1 + ((big_m >> sh) & 1)) >> sh
+    mag = min(((max(t + bias, 1) - 1) << mbits) + n, maxmag)
+    return (((u >> 31) & 1) << sign_pos) | mag
 
 
 # pythran export quantize_mx(uint32[:], int)
@@ -125,17 +116,14 @@ def quantize_mx(bits, fmt):
     sign_pos = FMT_EBITS[fmt] + mbits
     scales = np.zeros(nb, dtype=np.uint8)
     codes = np.zeros(n, dtype=np.uint8)
+    # omp parallel for
     for b in range(nb):
-        # amax as |bits|: for non-negative floats, integer order is value order
+        # amax as |bits|: for non-negative floats, integer order is value order, and every
+        # NaN or Inf pattern is >= 0x7F800000
         amax = 0
-        special = False
         for i in range(b * BLOCK, (b + 1) * BLOCK):
-            a = int(bits[i]) & 0x7FFFFFFF
-            if a >= 0x7F800000:
-                special = True
-            if a > amax:
-                amax = a
-        if special:
+            amax = max(amax, int(bits[i]) & 0x7FFFFFFF)
+        if amax >= 0x7F800000:
             scales[b] = SCALE_NAN
             continue
         # shared_exp = floor(log2 amax) - emax, clamped to E8M0's [-127, 127]
