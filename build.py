@@ -12,6 +12,7 @@ BuildError naming the file and the reason; the previous `public/` is then left a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -21,9 +22,11 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +53,8 @@ from k3gates.registry import INNOVATIONS, Level, UnknownInnovation, canonical  #
 CENSUS_SCHEMA = "k3-census/1"
 COMPRESSIBLE = {".html", ".css", ".js", ".json", ".svg", ".xml", ".txt", ".map"}
 KEEP_OLD_BUILDS = 2  # the current site plus one older, so in-flight requests can finish
+HISTORY_FILE = "history.jsonl"  # under site_src/: one recorded census per line, committed
+SCHEMA_FILE = "census.schema.json"  # under site_src/, published beside census.json
 
 
 class BuildError(Exception):
@@ -67,6 +72,8 @@ class Settings:
     rerun: bool = False  # True ignores reusable gate results (slower, re-measures everything)
     only: tuple[str, ...] = ()  # run just these gates; the rest may still be reused
     check: bool = False  # exit non-zero on a failed gate or a liar-killed claim
+    record: bool = False  # append this build's census to site_src/history.jsonl (clean tree only)
+    watch: bool = False  # rebuild whenever k3gates/, site_src/ or templates/ change
 
 
 def parse_args(argv: list[str] | None) -> Settings:
@@ -88,6 +95,12 @@ def parse_args(argv: list[str] | None) -> Settings:
     p.add_argument(
         "--check", action="store_true", help="exit 1 if any gate fails or any claim is liar-killed"
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append this build's census to the history (needs a clean tree at a commit)",
+    )
+    p.add_argument("--watch", action="store_true", help="rebuild whenever a source changes")
     a = p.parse_args(argv)
     return Settings(
         content=a.content.resolve(),
@@ -98,32 +111,109 @@ def parse_args(argv: list[str] | None) -> Settings:
         packages=(*Settings.packages, *(g.resolve() for g in a.gates_from)),
         only=tuple(a.only),
         check=a.check,
+        record=a.record,
+        watch=a.watch,
     )
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+class Progress:
+    """Live progress on a terminal (one redrawn status line), plain lines otherwise.
+
+    Finished items always print as their own line, so a log captured without a terminal reads
+    the same as the scrollback of one that had it.
+    """
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.lock = threading.Lock()
+        self.phase, self.total, self.done = "", 0, 0
+        self.current: dict[str, float] = {}  # item -> start time
+        self.started = time.perf_counter()
+        self._stop = threading.Event()
+        if self.tty:
+            threading.Thread(target=self._tick, daemon=True).start()
+
+    def begin(self, phase: str, total: int) -> None:
+        with self.lock:
+            self.phase, self.total, self.done = phase, total, 0
+            self.current.clear()
+
+    def start(self, item: str) -> None:
+        with self.lock:
+            self.current[item] = time.perf_counter()
+            self._draw()
+
+    def finish(self, item: str, line: str | None) -> None:
+        with self.lock:
+            self.current.pop(item, None)
+            self.done += 1
+            if line:
+                self._print(line)
+            self._draw()
+
+    def log(self, line: str) -> None:
+        with self.lock:
+            self._print(line)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self.lock:
+            if self.tty:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+
+    def _print(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def _draw(self) -> None:
+        if not self.tty or not self.phase:
+            return
+        now = time.perf_counter()
+        running = ", ".join(f"{k} {now - t:.0f}s" for k, t in list(self.current.items())[:3])
+        status = f"[{self.phase} {self.done}/{self.total}] {running}  ({now - self.started:.1f} s)"
+        width = shutil.get_terminal_size((100, 20)).columns - 1
+        self.stream.write("\r\033[K" + status[:width])
+        self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.25):
+            with self.lock:
+                self._draw()
 
 
 # -- the pipeline --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     s = parse_args(argv)
+    if s.watch:
+        return watch(s)
+    return build(s)
+
+
+def build(s: Settings) -> int:
     started = time.perf_counter()
+    progress = Progress()
     try:
         packages = [GatePackage(p) for p in s.packages]
         gates = discover(packages, s.only)  # 1. discover gates and content
         content = load_content(s.content)
-        compiled = compile_kernels(packages, s.jobs)  # 2-3. validate ids, compile what changed
-        results = run_gates(gates, s)  # 4. run the gates, in parallel, with timeouts
+        compiled = compile_kernels(packages, gates, s, progress)  # 2-3. compile what changed
+        results = run_gates(gates, s, progress)  # 4. run the gates, in parallel, with timeouts
         census = build_census(results, content, compiled)  # 5. the census
-        staged = render_site(s, content, census, results)  # 6. render into a staging folder
+        staged, pages = render_site(s, content, census)  # 6. render into a staging folder
         publish(staged, s.out)  # 7. swap it in atomically
     except BuildError as e:
+        progress.close()
         print(f"build failed: {e}", file=sys.stderr)
         print(f"{s.out} was left unchanged.", file=sys.stderr)
         return 1
-    summary(census, compiled, results, time.perf_counter() - started)
-    return verdict(census, results) if s.check else 0
+    progress.close()
+    summary(census, pages, time.perf_counter() - started)
+    status = record_history(census, s.content) if s.record else 0
+    return max(status, verdict(census, results) if s.check else 0)
 
 
 # -- 1. discovery and content --------------------------------------------------------------------
@@ -154,6 +244,7 @@ class Content:
     index: Page
     innovations: dict[str, Page] = field(default_factory=dict)  # canonical id -> page
     claims: dict[str, Level] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 MARKDOWN = MarkdownIt("commonmark", {"html": False, "typographer": True}).enable("table")
@@ -205,7 +296,7 @@ def load_content(content: Path) -> Content:
     index_file = content / "index.md"
     if not index_file.is_file():
         raise BuildError(f"{index_file}: missing (the home page's text)")
-    result = Content(index=read_page(index_file))
+    result = Content(index=read_page(index_file), history=load_history(content / HISTORY_FILE))
     for path in sorted((content / "innovations").glob("*.md")):
         page = read_page(path)
         raw_id = _require(page, "id", str)
@@ -238,30 +329,42 @@ def load_content(content: Path) -> Content:
 
 
 # -- 3. compile ----------------------------------------------------------------------------------
-def compile_kernels(packages: list[GatePackage], jobs: int) -> list[kcompile.Compiled]:
-    """Compile every kernels module whose key the cache lacks; bad kernels fail their gates."""
-    from concurrent.futures import ThreadPoolExecutor
+def compile_kernels(
+    packages: list[GatePackage], gates: list[GateSite], s: Settings, progress: Progress
+) -> list[kcompile.Compiled]:
+    """Compile every kernels module whose key the cache lacks; bad kernels fail their gates.
 
+    With --only, just the kernels those gates declare (everything if one declares them at run
+    time rather than as a literal).
+    """
     for pkg in packages:  # the runner and this process must resolve the same modules
         if str(pkg.root) not in sys.path:
             sys.path.insert(0, str(pkg.root))
     modules = kernel_modules(packages)
+    chosen = [g for g in gates if g.id in s.only]
+    if chosen and all(g.kernels is not None for g in chosen):
+        wanted = {m for g in chosen for m in g.kernels or ()}
+        modules = [m for m in modules if m in wanted]
     todo = [m for m in modules if not _cached(m)]
-    if todo:
-        log(
-            f"compile: {len(todo)} of {len(modules)} kernel modules changed; compiling "
-            f"{', '.join(todo)}"
-        )
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = list(pool.map(kcompile.ensure, modules))
-    for c in done:
-        if c.error:
-            log(f"compile: {c.modname} FAILED (its gates will fail): {c.error.splitlines()[0]}")
-        elif not c.reused:
-            log(f"compile: {c.modname} compiled in {c.seconds:.1f} s")
     if not todo:
-        log(f"compile: nothing to compile; all {len(modules)} kernel modules reused from the cache")
-    return done
+        progress.log(f"compile: nothing to compile; all {len(modules)} kernel modules reused")
+    progress.begin("compile", len(modules))
+    done: dict[str, kcompile.Compiled] = {}
+
+    def one(modname: str) -> None:
+        if modname in todo:
+            progress.start(modname)
+        c = kcompile.ensure(modname)
+        done[modname] = c
+        if c.error:
+            line = f"compile: {modname} FAILED (its gates will fail): {c.error.splitlines()[0]}"
+        else:
+            line = None if c.reused else f"compile: {modname} compiled in {c.seconds:.1f} s"
+        progress.finish(modname, line)
+
+    with ThreadPoolExecutor(max_workers=s.jobs) as pool:
+        list(pool.map(one, modules))
+    return [done[m] for m in modules]
 
 
 def _cached(modname: str) -> bool:
@@ -272,39 +375,33 @@ def _cached(modname: str) -> bool:
 
 
 # -- 4. gates ------------------------------------------------------------------------------------
-def run_gates(gates: list[GateSite], s: Settings) -> list[dict[str, Any]]:
+def run_gates(gates: list[GateSite], s: Settings, progress: Progress) -> list[dict[str, Any]]:
     shown: dict[str, str] = {}
+    progress.begin("gates", len(gates))
 
     def on_event(kind: str, site: GateSite, result: dict | None) -> None:
-        if kind == "done" and result is not None:
-            how = "ran" if result["ran"] else f"reused {result.get('reused_from', '')}"
-            why = "" if result["passed"] else f": {_first_failure(result)}"
-            log(
-                f"gate: {site.id:<22} {result['status']:<13} "
-                f"({how}, {result['seconds']:.1f} s){why}"
-            )
-            shown[site.id] = result["status"]
+        if kind == "start":
+            progress.start(site.id)
+            return
+        if result is None:
+            return
+        how = "ran" if result["ran"] else "not run"
+        if result.get("reused_from"):
+            how = f"reused {result['reused_from']}"
+        why = "" if result["passed"] else f": {_first_failure(result)}"
+        line = f"gate: {site.id:<22} {result['status']:<13} ({how}, {result['seconds']:.1f} s){why}"
+        shown[site.id] = result["status"]
+        progress.finish(site.id, line)
 
-    forced = set(s.only)
-    if forced:
-        first = runner.run_gates(
-            [g for g in gates if g.id in forced], jobs=s.jobs, reuse=False, on_event=on_event
-        )
-        rest = runner.run_gates(
-            [g for g in gates if g.id not in forced],
-            jobs=s.jobs,
-            reuse=not s.rerun,
-            on_event=on_event,
-        )
-        by_id = {r["id"]: r for r in runner.apply_foundations(first + rest)}
-        results = [by_id[g.id] for g in gates]
-    else:
-        results = runner.apply_foundations(
-            runner.run_gates(gates, jobs=s.jobs, reuse=not s.rerun, on_event=on_event)
-        )
+    raw = runner.run_gates(
+        gates, jobs=s.jobs, reuse=not s.rerun, only=set(s.only) or None, on_event=on_event
+    )
+    results = runner.apply_foundations(raw)
     for r in results:  # verdicts that changed once the foundations gates were known
         if shown.get(r["id"]) != r["status"]:
-            log(f"gate: {r['id']:<22} {r['status']:<13} (after foundations): {_first_failure(r)}")
+            progress.log(
+                f"gate: {r['id']:<22} {r['status']:<13} (after foundations): {_first_failure(r)}"
+            )
     return results
 
 
@@ -358,6 +455,7 @@ def build_census(
         )
         row["title"] = page.meta["title"]
     return {
+        "$schema": f"/{SCHEMA_FILE}",
         "schema": CENSUS_SCHEMA,
         "provenance": provenance(results, compiled),
         **table,
@@ -441,9 +539,8 @@ def _template_error(e: Exception) -> BuildError:
     return BuildError(f"{where}: {type(e).__name__}: {e}")
 
 
-def render_site(
-    s: Settings, content: Content, census: dict[str, Any], results: list[dict[str, Any]]
-) -> Path:
+def render_site(s: Settings, content: Content, census: dict[str, Any]) -> tuple[Path, int]:
+    """Render every page into a fresh staging folder; returns it and the number of pages."""
     builds = s.out.parent / f".{s.out.name}"
     builds.mkdir(parents=True, exist_ok=True)
     stage = builds / f"build-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
@@ -451,81 +548,95 @@ def render_site(
         shutil.rmtree(stage)
     stage.mkdir()
     try:
-        _render_into(stage, s, content, census, results)
+        pages = _render_into(stage, s, content, census)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return stage
+    return stage, pages
 
 
-def _render_into(
-    stage: Path,
-    s: Settings,
-    content: Content,
-    census: dict[str, Any],
-    results: list[dict[str, Any]],
-) -> None:
+def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, Any]) -> int:
     env = _environment(s.templates)
     assets = copy_assets(s.content / "static", stage / "assets")
     rows = {r["id"]: r for r in census["innovations"]}
     gates = {g["id"]: g for g in census["gates"]}
+
+    def asset(path: str) -> str:
+        if path not in assets:
+            raise KeyError(f"no static asset {path!r} under {s.content / 'static'}")
+        return assets[path]
+
     common = {
         "census": census,
         "prov": census["provenance"],
-        "asset": lambda p: assets[p],
+        "asset": asset,
         "levels": [lvl.name for lvl in Level],
         "innovations": rows,
         "gates": gates,
+        "history": content.history,
     }
     pages: list[str] = []
 
     def page(url: str, template: str, **ctx: Any) -> None:
         try:
             html = env.get_template(template).render(**common, url=url, **ctx)
-        except jinja2.TemplateError as e:
-            raise _template_error(e) from e
-        except Exception as e:
+        except Exception as e:  # a template bug: name the template file and line
             raise _template_error(e) from e
         rel = url.lstrip("/")
         target = stage / rel / "index.html" if url.endswith("/") else stage / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(html, encoding="utf-8")
-        if url.endswith("/"):
-            pages.append(url)
+        pages.append(url)
 
-    page("/", "index.html", intro=content.index)
+    hist = content.history
+    x = list(range(1, len(hist) + 1))
+    coverage = {
+        "x": x,
+        "series": {"permille": [r["permille"] for r in hist]},
+        "xlabel": "recorded build",
+        "ylabel": "permille",
+    }
+    page("/", "index.html", intro=content.index, coverage=coverage)
     for inno, pg in content.innovations.items():
         mine = [gates[g] for g in rows[inno]["gates"]]
-        page(f"/innovations/{inno}/", "innovation.html", row=rows[inno], page=pg, my_gates=mine)
+        levels = {
+            "x": x,
+            "series": {"level": [r["scores"].get(inno) for r in hist]},
+            "xlabel": "recorded build",
+            "ylabel": "score (0 GAP … 4 PROVEN)",
+        }
+        page(
+            f"/innovations/{inno}/",
+            "innovation.html",
+            row=rows[inno],
+            page=pg,
+            my_gates=mine,
+            level_history=levels,
+        )
     for g in census["gates"]:
         page(f"/gates/{g['id']}/", "gate.html", gate=g, sources=_kernel_sources(g))
-    page(
-        "/foundations/",
-        "foundations.html",
-        found=[g for g in census["gates"] if g["innovation"] is None],
-    )
+    found = [g for g in census["gates"] if g["innovation"] is None]
+    page("/foundations/", "foundations.html", found=found)
     page("/404.html", "404.html")
-    (stage / "census.json").write_text(json.dumps(census, indent=1, sort_keys=False) + "\n")
-    page(
-        "/sitemap.xml", "sitemap.xml", pages=pages, base_url=content.index.meta.get("base_url", "")
-    )
+    (stage / "census.json").write_text(json.dumps(census, indent=1) + "\n", encoding="utf-8")
+    shutil.copyfile(s.content / SCHEMA_FILE, stage / SCHEMA_FILE)
+    listed = [p for p in pages if p.endswith("/")]
+    base = content.index.meta.get("base_url", "")
+    page("/sitemap.xml", "sitemap.xml", pages=listed, base_url=base)
     write_gzip_sidecars(stage)
+    return len(pages)
 
 
 def _kernel_sources(g: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for modname in g.get("kernels") or []:
         try:
-            for name, path in kcompile.dependencies(modname).items():
-                out.append(
-                    {
-                        "module": name,
-                        "path": _rel(str(path)),
-                        "lines": path.read_text(encoding="utf-8").splitlines(),
-                    }
-                )
-        except (kcompile.CompileError, OSError):
+            deps = kcompile.dependencies(modname)
+        except kcompile.CompileError:
             continue
+        for name, path in deps.items():
+            lines = path.read_text(encoding="utf-8").splitlines()
+            out.append({"module": name, "path": _rel(str(path)), "lines": lines})
     return out
 
 
@@ -537,8 +648,7 @@ def copy_assets(src: Path, dst: Path) -> dict[str, str]:
     for f in sorted(p for p in src.rglob("*") if p.is_file()):
         rel = f.relative_to(src).as_posix()
         digest = hashlib.sha256(f.read_bytes()).hexdigest()[:10]
-        name = f"{f.stem}.{digest}{f.suffix}"
-        target = dst / f.relative_to(src).parent / name
+        target = dst / f.relative_to(src).parent / f"{f.stem}.{digest}{f.suffix}"
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(f, target)
         urls[rel] = "/assets/" + target.relative_to(dst).as_posix()
@@ -549,8 +659,7 @@ def write_gzip_sidecars(stage: Path) -> None:
     """`x.gz` beside each compressible `x`, so the server never compresses on the request path."""
     for f in list(stage.rglob("*")):
         if f.is_file() and f.suffix in COMPRESSIBLE:
-            data = f.read_bytes()
-            Path(f"{f}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+            Path(f"{f}.gz").write_bytes(gzip.compress(f.read_bytes(), compresslevel=9, mtime=0))
 
 
 # -- 7. publish ----------------------------------------------------------------------------------
@@ -567,27 +676,108 @@ def publish(stage: Path, out: Path) -> None:
 
 
 def _prune_builds(builds: Path, keep: Path) -> None:
-    old = sorted(
-        (p for p in builds.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime
-    )
+    old = sorted((p for p in builds.iterdir() if p.is_dir() and p != keep), key=os.path.getmtime)
     for p in old[: max(0, len(old) - (KEEP_OLD_BUILDS - 1))]:
         shutil.rmtree(p, ignore_errors=True)
 
 
-# -- the end -------------------------------------------------------------------------------------
-def summary(
-    census: dict, compiled: list[kcompile.Compiled], results: list[dict], seconds: float
-) -> None:
+# -- history -------------------------------------------------------------------------------------
+def load_history(path: Path) -> list[dict[str, Any]]:
+    """The recorded censuses, oldest first, one JSON object per line of `path`."""
+    if not path.is_file():
+        return []
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BuildError(f"{path}:{n}: not a JSON object: {e.msg}") from e
+        missing = {"commit", "built_at", "permille", "scores"} - set(rec)
+        if missing:
+            raise BuildError(f"{path}:{n}: record lacks {', '.join(sorted(missing))}")
+        records.append(rec)
+    return records
+
+
+def record_history(census: dict[str, Any], content: Path) -> int:
+    """Append this build's census, if it is a real build of a commit (clean tree)."""
     prov = census["provenance"]
-    failed = [r["id"] for r in results if not r["passed"]]
-    log(
-        f"census: {census['arithmetic']} permille; "
-        + ", ".join(f"{r['id']}={r['level']}" for r in census["innovations"])
-    )
+    if prov["git_commit"] == "unknown" or prov["git_dirty"]:
+        why = "the tree has uncommitted changes" if prov["git_dirty"] else "no git commit"
+        print(
+            f"record: not recorded: {why}; records come only from builds of a commit",
+            file=sys.stderr,
+        )
+        return 1
+    path = content / HISTORY_FILE
+    history = load_history(path)
+    if any(r["commit"] == prov["git_commit"] for r in history):
+        log(f"record: commit {prov['git_commit'][:12]} is already recorded in {path}")
+        return 0
+    rec = {
+        "commit": prov["git_commit"],
+        "built_at": prov["built_at"],
+        "permille": census["permille"],
+        "scores": {r["id"]: r["score"] for r in census["innovations"]},
+        "gates_passed": sum(1 for g in census["gates"] if g["passed"]),
+        "gates_total": len(census["gates"]),
+    }
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+    log(f"record: appended {census['permille']} permille at {prov['git_commit'][:12]} to {path}")
+    return 0
+
+
+# -- watch ---------------------------------------------------------------------------------------
+def _snapshot(folders: list[Path]) -> dict[str, tuple[int, int]]:
+    state = {}
+    for folder in folders:
+        for p in folder.rglob("*"):
+            if p.is_file() and "__pycache__" not in p.parts:
+                st = p.stat()
+                state[str(p)] = (st.st_mtime_ns, st.st_size)
+    return state
+
+
+def watch(s: Settings, poll: float = 0.5) -> int:
+    """Build, then rebuild whenever a file under k3gates/, site_src/ or templates/ changes.
+
+    Polling keeps this free of dependencies; each rebuild publishes atomically like any build.
+    """
+    folders = [*s.packages, s.content, s.templates]
+    once = dataclasses.replace(s, watch=False)
+    build(once)
+    seen = _snapshot(folders)
+    log(f"watch: watching {', '.join(_rel(str(f)) for f in folders)}; Ctrl-C stops")
+    try:
+        while True:
+            time.sleep(poll)
+            now = _snapshot(folders)
+            if now == seen:
+                continue
+            changed = sorted(set(now.items()) ^ set(seen.items()))
+            time.sleep(poll)  # let an editor finish writing
+            seen = _snapshot(folders)
+            log(f"watch: {_rel(changed[0][0])} changed; rebuilding")
+            build(once)
+    except KeyboardInterrupt:
+        log("watch: stopped")
+        return 0
+
+
+# -- the end -------------------------------------------------------------------------------------
+def summary(census: dict, pages: int, seconds: float) -> None:
+    prov = census["provenance"]
+    passed = sum(1 for g in census["gates"] if g["passed"])
+    failed = len(census["gates"]) - passed
+    levels = ", ".join(f"{r['id']}={r['level']}" for r in census["innovations"])
+    log(f"census: {census['arithmetic']} permille; {levels}")
     log(
         f"done: compiled {prov['modules_compiled']}, reused {prov['modules_reused']} modules; "
         f"gates ran {prov['gates_ran']}, reused {prov['gates_reused']}, "
-        f"passed {len(results) - len(failed)}, failed {len(failed)}; {seconds:.1f} s"
+        f"passed {passed}, failed {failed}; {pages} pages written; {seconds:.1f} s"
     )
 
 
@@ -599,6 +789,10 @@ def verdict(census: dict, results: list[dict]) -> int:
     for r in killed:
         log(f"check: claim liar-killed: {r['id']}: {r['kill_reason']}")
     return 1 if failed or killed else 0
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
 
 
 if __name__ == "__main__":

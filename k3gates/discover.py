@@ -30,6 +30,7 @@ class GateSite:
     root: Path  # the sys.path entry the module lives under
     file: Path
     line: int
+    kernels: tuple[str, ...] | None = None  # from the decorator when literal, else None
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,15 @@ def _site_from_call(call: ast.Call, pkg: GatePackage, file: Path) -> GateSite:
         lvl = Level.parse(level)
     except (UnknownInnovation, ValueError) as e:
         raise DiscoveryError(f"{file}:{call.lineno}: gate {gate_id}: {e}") from None
-    return GateSite(gate_id, inno, lvl, pkg.modname(file), pkg.root, file, call.lineno)
+    kernels = None
+    if "kernels" in kw:
+        try:
+            kernels = tuple(ast.literal_eval(kw["kernels"]))
+        except ValueError:
+            kernels = None  # computed at import time; the build then compiles everything
+    else:
+        kernels = ()
+    return GateSite(gate_id, inno, lvl, pkg.modname(file), pkg.root, file, call.lineno, kernels)
 
 
 def discover_gates(packages: list[GatePackage]) -> list[GateSite]:

@@ -72,18 +72,27 @@ def run_gates(
     *,
     jobs: int = 2,
     reuse: bool = True,
+    only: set[str] | None = None,
     on_event: Callable[[str, GateSite, dict | None], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every gate; results come back in the order of `sites`.
 
-    The caller applies `apply_foundations` once it has every result it will publish.
+    With `only`, just those gates run; every other gate is reused when it can be and otherwise
+    reported as "skipped" (not run, so not passing). The caller applies `apply_foundations` once
+    it has every result it will publish.
     """
     lock = threading.Lock()
 
     def one(site: GateSite) -> dict[str, Any]:
-        old = _reusable(site) if reuse else None
+        forced = only is not None and site.id in only
+        old = _reusable(site) if reuse and not forced else None
         if old is not None:
             result = {**old, "ran": False, "reused_from": old["run_hash"]}
+        elif only is not None and not forced:
+            result = _failure(
+                site, "skipped", "not run in this build (--only), and no result of it can be reused"
+            )
+            result.update(ran=False, seconds=0.0)
         else:
             if on_event:
                 with lock:
