@@ -194,26 +194,50 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build(s: Settings) -> int:
-    started = time.perf_counter()
+    laps = Laps()
     progress = Progress()
     try:
         packages = [GatePackage(p) for p in s.packages]
         gates = discover(packages, s.only)  # 1. discover gates and content
         content = load_content(s.content)
+        laps.mark("discover")
         compiled = compile_kernels(packages, gates, s, progress)  # 2-3. compile what changed
+        laps.mark("compile")
         results = run_gates(gates, s, progress)  # 4. run the gates, in parallel, with timeouts
+        laps.mark("gates")
         census = build_census(results, content, compiled)  # 5. the census
         staged, pages = render_site(s, content, census)  # 6. render into a staging folder
+        laps.mark("render")
+        write_gzip_sidecars(staged)
+        laps.mark("compress")
         publish(staged, s.out)  # 7. swap it in atomically
+        laps.mark("publish")
     except BuildError as e:
         progress.close()
         print(f"build failed: {e}", file=sys.stderr)
         print(f"{s.out} was left unchanged.", file=sys.stderr)
         return 1
     progress.close()
-    summary(census, pages, time.perf_counter() - started)
+    summary(census, pages, laps)
     status = record_history(census, s.content) if s.record else 0
     return max(status, verdict(census, results) if s.check else 0)
+
+
+class Laps:
+    """Wall time per pipeline step, for the summary and the build bench."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.steps: dict[str, float] = {}
+
+    def mark(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps[step] = now - self.last
+        self.last = now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.start
 
 
 # -- 1. discovery and content --------------------------------------------------------------------
@@ -506,12 +530,19 @@ def _environment(templates: Path) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        bytecode_cache=_bytecode_cache(),  # compiled templates, keyed by source checksum
     )
     env.filters["commas"] = lambda n: f"{n:,}"
     env.filters["num"] = _format_number
     env.filters["ylog"] = lambda v, on: math.log10(v) if on else float(v)
     env.filters["yunlog"] = lambda v, on: 10.0**v if on else v
     return env
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache:
+    folder = kcompile.cache_root() / "jinja"
+    folder.mkdir(parents=True, exist_ok=True)
+    return jinja2.FileSystemBytecodeCache(str(folder))
 
 
 def _format_number(v: Any) -> str:
@@ -623,7 +654,6 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
     listed = [p for p in pages if p.endswith("/")]
     base = content.index.meta.get("base_url", "")
     page("/sitemap.xml", "sitemap.xml", pages=listed, base_url=base)
-    write_gzip_sidecars(stage)
     return len(pages)
 
 
@@ -768,16 +798,19 @@ def watch(s: Settings, poll: float = 0.5) -> int:
 
 
 # -- the end -------------------------------------------------------------------------------------
-def summary(census: dict, pages: int, seconds: float) -> None:
+def summary(census: dict, pages: int, laps: Laps) -> None:
     prov = census["provenance"]
     passed = sum(1 for g in census["gates"] if g["passed"])
     failed = len(census["gates"]) - passed
     levels = ", ".join(f"{r['id']}={r['level']}" for r in census["innovations"])
     log(f"census: {census['arithmetic']} permille; {levels}")
+    steps = ", ".join(f"{k} {v:.3f} s" for k, v in laps.steps.items())
+    per_page = 1000 * laps.steps.get("render", 0.0) / max(1, pages)
+    log(f"time: {steps}; render {per_page:.2f} ms/page")
     log(
         f"done: compiled {prov['modules_compiled']}, reused {prov['modules_reused']} modules; "
         f"gates ran {prov['gates_ran']}, reused {prov['gates_reused']}, "
-        f"passed {passed}, failed {failed}; {pages} pages written; {seconds:.1f} s"
+        f"passed {passed}, failed {failed}; {pages} pages written; {laps.total:.1f} s"
     )
 
 

