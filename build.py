@@ -269,6 +269,8 @@ class Content:
     innovations: dict[str, Page] = field(default_factory=dict)  # canonical id -> page
     claims: dict[str, Level] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
+    pages: list[Page] = field(default_factory=list)  # site_src/pages/**.md, e.g. the lesson
+    data: dict[str, Any] = field(default_factory=dict)  # site_src/data/*.toml|json
 
 
 MARKDOWN = MarkdownIt("commonmark", {"html": False, "typographer": True}).enable("table")
@@ -320,36 +322,83 @@ def load_content(content: Path) -> Content:
     index_file = content / "index.md"
     if not index_file.is_file():
         raise BuildError(f"{index_file}: missing (the home page's text)")
-    result = Content(index=read_page(index_file), history=load_history(content / HISTORY_FILE))
+    result = Content(
+        index=read_page(index_file),
+        history=load_history(content / HISTORY_FILE),
+        pages=[_extra_page(p) for p in sorted((content / "pages").rglob("*.md"))],
+        data=load_data(content / "data"),
+    )
     for path in sorted((content / "innovations").glob("*.md")):
-        page = read_page(path)
-        raw_id = _require(page, "id", str)
-        try:
-            inno = canonical(raw_id)
-        except UnknownInnovation as e:
-            raise BuildError(f"{path}:{_field_line(page, 'id')}: {e}") from e
+        inno, page, claim = _innovation_page(path)
         if inno in result.innovations:
             other = result.innovations[inno].path
             raise BuildError(
-                f"{path}:{_field_line(page, 'id')}: id {raw_id!r} claims the slot "
+                f"{path}:{_field_line(page, 'id')}: id {page.meta['id']!r} claims the slot "
                 f"{inno!r}, which {other} already claims"
             )
-        _require(page, "title", str)
-        try:
-            result.claims[inno] = Level.parse(_require(page, "claim", str))
-        except ValueError as e:
-            raise BuildError(f"{path}:{_field_line(page, 'claim')}: `claim`: {e}") from e
-        for ref in page.meta.get("references", []):
-            if not isinstance(ref, dict) or "title" not in ref:
-                raise BuildError(
-                    f"{path}:{_field_line(page, 'references')}: each reference "
-                    "needs a title (and an arxiv id or a url)"
-                )
-        result.innovations[inno] = page
+        result.innovations[inno], result.claims[inno] = page, claim
     missing = [i for i in INNOVATIONS if i not in result.innovations]
     if missing:
         raise BuildError(f"{content / 'innovations'}: no page for {', '.join(missing)}")
+    urls: dict[str, Path] = {}
+    for page in result.pages:
+        url = page.meta["url"]
+        if url in urls:
+            raise BuildError(
+                f"{page.path}:{_field_line(page, 'url')}: url {url} is already the page {urls[url]}"
+            )
+        urls[url] = page.path
     return result
+
+
+def _innovation_page(path: Path) -> tuple[str, Page, Level]:
+    page = read_page(path)
+    raw_id = _require(page, "id", str)
+    try:
+        inno = canonical(raw_id)
+    except UnknownInnovation as e:
+        raise BuildError(f"{path}:{_field_line(page, 'id')}: {e}") from e
+    _require(page, "title", str)
+    try:
+        claim = Level.parse(_require(page, "claim", str))
+    except ValueError as e:
+        raise BuildError(f"{path}:{_field_line(page, 'claim')}: `claim`: {e}") from e
+    for ref in page.meta.get("references", []):
+        if not isinstance(ref, dict) or "title" not in ref:
+            raise BuildError(
+                f"{path}:{_field_line(page, 'references')}: each reference "
+                "needs a title (and an arxiv id or a url)"
+            )
+    return inno, page, claim
+
+
+def _extra_page(path: Path) -> Page:
+    """A page under site_src/pages/: front matter names its `url` and its `template`."""
+    page = read_page(path)
+    _require(page, "title", str)
+    url = _require(page, "url", str)
+    if not (url.startswith("/") and url.endswith("/")) or ".." in url:
+        raise BuildError(
+            f"{path}:{_field_line(page, 'url')}: `url` must look like /a/b/, got {url!r}"
+        )
+    page.meta.setdefault("template", "page.html")
+    return page
+
+
+def load_data(folder: Path) -> dict[str, Any]:
+    """site_src/data/NAME.toml or NAME.json -> data[NAME], for templates and the lesson."""
+    data: dict[str, Any] = {}
+    for f in sorted(folder.glob("*")) if folder.is_dir() else []:
+        try:
+            if f.suffix == ".toml":
+                data[f.stem] = tomllib.loads(f.read_text(encoding="utf-8"))
+            elif f.suffix == ".json":
+                data[f.stem] = json.loads(f.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise BuildError(f"{f}: not valid TOML: {e}") from e
+        except json.JSONDecodeError as e:
+            raise BuildError(f"{f}:{e.lineno}: not valid JSON: {e.msg}") from e
+    return data
 
 
 # -- 3. compile ----------------------------------------------------------------------------------
@@ -605,6 +654,7 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
         "innovations": rows,
         "gates": gates,
         "history": content.history,
+        "data": content.data,
     }
     pages: list[str] = []
 
@@ -646,6 +696,8 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
         )
     for g in census["gates"]:
         page(f"/gates/{g['id']}/", "gate.html", gate=g, sources=_kernel_sources(g))
+    for pg in content.pages:
+        page(pg.meta["url"], pg.meta["template"], page=pg)
     found = [g for g in census["gates"] if g["innovation"] is None]
     page("/foundations/", "foundations.html", found=found)
     page("/404.html", "404.html")
