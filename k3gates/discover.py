@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .registry import Level, UnknownInnovation, canonical
 
+DEFAULT_TIMEOUT_S = 300.0  # a gate that runs longer must say so in its decorator
+
 
 class DiscoveryError(ValueError):
     """One or more gates are malformed; the message lists each as `file:line: reason`."""
@@ -31,6 +33,7 @@ class GateSite:
     file: Path
     line: int
     kernels: tuple[str, ...] | None = None  # from the decorator when literal, else None
+    timeout: float = DEFAULT_TIMEOUT_S  # seconds; the runner kills the gate's process after it
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,12 @@ def _site_from_call(call: ast.Call, pkg: GatePackage, file: Path) -> GateSite:
             kernels = None  # computed at import time; the build then compiles everything
     else:
         kernels = ()
-    return GateSite(gate_id, inno, lvl, pkg.modname(file), pkg.root, file, call.lineno, kernels)
+    timeout = _literal(kw["timeout"], "timeout", file) if "timeout" in kw else DEFAULT_TIMEOUT_S
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise DiscoveryError(f"{file}:{call.lineno}: gate {gate_id}: timeout must be > 0 s")
+    return GateSite(
+        gate_id, inno, lvl, pkg.modname(file), pkg.root, file, call.lineno, kernels, float(timeout)
+    )
 
 
 def discover_gates(packages: list[GatePackage]) -> list[GateSite]:

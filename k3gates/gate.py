@@ -32,12 +32,11 @@ from typing import Any
 import numpy as np
 
 from . import compile as kcompile
+from .discover import DEFAULT_TIMEOUT_S
 from .registry import Level, canonical
 
 # The five checks every gate at HAVE or above must contain (DESIGN.md, gate contract).
 CONTRACT_KINDS = ("nofloat", "compiled", "reference", "deterministic", "property")
-
-DEFAULT_TIMEOUT_S = 300.0
 
 
 @dataclass

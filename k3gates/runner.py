@@ -164,7 +164,7 @@ def _store(result: dict[str, Any]) -> None:
 
 
 def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:
-    timeout = _declared_timeout(site)
+    timeout = site.timeout
     with tempfile.TemporaryDirectory(prefix="k3gate-") as tmp:
         out = Path(tmp) / "result.json"
         job = Path(tmp) / "job.json"
@@ -220,24 +220,6 @@ def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:
     result["seconds"] = round(seconds, 3)
     result["log"] = log
     return result
-
-
-def _declared_timeout(site: GateSite) -> float:
-    """The gate's declared timeout, read from the decorator without importing (default 300 s)."""
-    import ast
-
-    tree = ast.parse(site.file.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node, "lineno", 0) == site.line:
-            for kw in node.keywords:
-                if kw.arg == "timeout":
-                    try:
-                        return float(ast.literal_eval(kw.value))
-                    except ValueError:
-                        break
-    from .gate import DEFAULT_TIMEOUT_S
-
-    return DEFAULT_TIMEOUT_S
 
 
 def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[str, Any]:
