@@ -658,9 +658,12 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
     }
     pages: list[str] = []
 
-    def page(url: str, template: str, **ctx: Any) -> None:
+    def page(url: str, template: str, origin: Path | None = None, **ctx: Any) -> None:
         try:
             html = env.get_template(template).render(**common, url=url, **ctx)
+        except jinja2.TemplateNotFound as e:
+            where = f"{origin}:{_field_line(ctx['page'], 'template')}" if origin else "build.py"
+            raise BuildError(f"{where}: template {e.name!r} not found in {s.templates}") from e
         except Exception as e:  # a template bug: name the template file and line
             raise _template_error(e) from e
         rel = url.lstrip("/")
@@ -697,7 +700,7 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
     for g in census["gates"]:
         page(f"/gates/{g['id']}/", "gate.html", gate=g, sources=_kernel_sources(g))
     for pg in content.pages:
-        page(pg.meta["url"], pg.meta["template"], page=pg)
+        page(pg.meta["url"], pg.meta["template"], origin=pg.path, page=pg)
     found = [g for g in census["gates"] if g["innovation"] is None]
     page("/foundations/", "foundations.html", found=found)
     page("/404.html", "404.html")
