@@ -1,0 +1,810 @@
+"""Foundations gates for the fx library: every function's bound, proven against reference.py.
+
+Each bound is declared in the decorator from the constant kernels.py states (513/1024 LSB: one
+final rounding plus 2^-10 LSB of margin that the error analyses leave unused), and each is proven
+exhaustively over a whole input format where that format is small enough, and otherwise on a
+dense seeded grid of at least 2^20 points; each check's `domain` says which. The gemmlowp anchors
+(fixedpoint.h's tolerances on Q0.31 outputs) are shown beside exp, tanh and sigmoid, and a
+property check holds each declared bound to its anchor.
+
+These gates count toward no innovation (innovation=None); every innovation gate whose kernels
+import k3gates.fx.kernels fails when one of them fails (runner.apply_foundations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from k3gates.gate import GateContext, gate
+
+from . import reference as ref
+from .kernels import (
+    BOUND_FRAC,
+    EXACT_LSB_Q10,
+    EXP_MAX_ERR_LSB_Q10,
+    L2NORM_MAX_ERR_LSB_Q10,
+    RMSNORM_MAX_ERR_LSB_Q10,
+    RSQRT_MAX_ERR_LSB_Q10,
+    SIGMOID_MAX_ERR_LSB_Q10,
+    SILU_MAX_ERR_LSB_Q10,
+    SINCOS_MAX_ERR_LSB_Q10,
+    SOFTMAX_MAX_ERR_LSB_Q10,
+    TANH_MAX_ERR_LSB_Q10,
+)
+
+KERNELS = "k3gates.fx.kernels"
+SEED = 20260703
+# gemmlowp fixedpoint.h test tolerances, Q0.31 output, units of 2^-31 (INTEGER-NOTES.md)
+ANCHOR_EXP = 500
+ANCHOR_TANH = 310
+ANCHOR_LOGISTIC = 155
+Q31 = "LSB (2^-31)"
+
+
+def lsb(q10: int) -> float:
+    """A bound constant of kernels.py (an integer over 2^BOUND_FRAC) in output LSB."""
+    return q10 / 2**BOUND_FRAC
+
+
+def in_lsb(real: np.ndarray, frac: int) -> np.ndarray:
+    """A real-valued reference expressed in units of 2^-frac (the output LSB)."""
+    return np.ldexp(np.asarray(real, dtype=np.float64), frac)
+
+
+def raw(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def edge_ints(max_bits: int = 62) -> np.ndarray:
+    """Powers of two +- {0, 1, 2}, their negatives, and the int64 extremes (STYLE rule 2)."""
+    p = [(1 << i) + d for i in range(max_bits + 1) for d in (-2, -1, 0, 1, 2)]
+    p += [0, 3, 5, 7, 2**63 - 1, 2**63 - 2, -(2**63) + 1, -(2**63) + 2]
+    v = np.array(sorted({q for q in p if q < 2**63}), dtype=np.int64)
+    return np.unique(np.concatenate([v, -v[v > -(2**63) + 1]]))
+
+
+def _tuple(out: object) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def check_shuffled(ctx: GateContext, name: str, fn, x: np.ndarray, what: str) -> None:
+    """Two runs, and a run over the rows of x in a shuffled order (un-shuffled after), agree."""
+    perm = np.random.default_rng(SEED + 1).permutation(x.shape[0])
+    inv = np.argsort(perm)
+    back = tuple(np.asarray(o)[inv] for o in _tuple(fn(np.ascontiguousarray(x[perm]))))
+    ctx.check_deterministic(
+        name,
+        f"two runs of {what}, and a run over the same inputs in a shuffled order (un-shuffled "
+        "afterwards), give bit-identical outputs",
+        {"first": _tuple(fn(x)), "second": _tuple(fn(x)), "shuffled": back},
+    )
+
+
+def check_compiled(ctx: GateContext, name: str, func: str, *args: object) -> None:
+    """compiled == interpreted, timed after one warm-up call (the first call of an OpenMP
+    kernel starts the thread pool, which would otherwise dominate the speed ratio)."""
+    getattr(ctx.compiled(), func)(*args)
+    ctx.check_compiled_matches_interpreted(name, func, *args)
+
+
+def check_anchor(ctx: GateContext, function: str, bound: float, anchor: int) -> None:
+    ctx.check(
+        f"anchor_{function}",
+        f"the declared {function} bound ({bound:g} LSB of Q0.31) is at least as tight as "
+        f"gemmlowp's fixedpoint.h tolerance ({anchor} LSB of Q0.31)",
+        bound <= anchor,
+        message=f"{bound} > {anchor}",
+        declared_bound=bound,
+        gemmlowp_anchor=anchor,
+    )
+
+
+def _exact_errors(got: np.ndarray, want: list[int]) -> np.ndarray:
+    """|got - want| computed in Python integers (exact at any int64 magnitude), as float64."""
+    return np.array([abs(int(g) - w) for g, w in zip(got.tolist(), want, strict=True)], float)
+
+
+def _check_exact(ctx: GateContext, name: str, proves: str, got, want, **values) -> None:
+    err = _exact_errors(np.asarray(got), want)
+    ctx.check_reference(
+        name, proves, err, np.zeros_like(err), unit="exact (integer difference)", **values
+    )
+
+
+# == fx_core: the integer primitives ===========================================================
+CORE_CHECKS = ("rshift_round", "mul_q62", "mul_round", "div_round", "div_round_shift")
+CORE_CHECKS += ("narrow_int32", "isqrt_exhaustive", "isqrt_edges")
+
+
+@gate(
+    "fx_core",
+    innovation=None,
+    level="HAVE",
+    kernels=[KERNELS],
+    bounds={name: lsb(EXACT_LSB_Q10) for name in CORE_CHECKS},
+    timeout=240,
+)
+def fx_core(ctx: GateContext) -> None:
+    """The integer primitives (rounding shift, high multiplies, divisions, narrowing, isqrt) are
+    exact: each equals Python's unbounded-integer arithmetic on edges, negatives and random values.
+    """
+    k = ctx.compiled()
+    rng = np.random.default_rng(SEED)
+    x = np.concatenate([edge_ints(), rng.integers(-(2**63) + 1, 2**63 - 1, 1 << 13)])
+    _check_rshift(ctx, k, x)
+    _check_mul(ctx, k, rng)
+    _check_div(ctx, k, rng)
+    _check_narrow_isqrt(ctx, k, x, rng)
+    _check_core_compiled(ctx, x)
+    check_shuffled(ctx, "deterministic", lambda v: k.rshift_round_array(v, 17), x, "rshift_round")
+    ctx.evidence(
+        "rounding shift, Q0.62 and 124-bit multiplies, divisions, narrowing and isqrt exact on "
+        f"{ctx.checks[0].values['points']:,} shift cases and 2^22 exhaustive isqrt inputs"
+    )
+
+
+def _check_rshift(ctx: GateContext, k, x: np.ndarray) -> None:
+    got = np.concatenate([k.rshift_round_array(x, s) for s in range(64)])
+    want = [ref.rshift_round(int(v), s) for s in range(64) for v in x.tolist()]
+    _check_exact(
+        ctx,
+        "rshift_round",
+        "x / 2^s rounds half away from zero, exactly, for every shift 0..63 of every probe",
+        got,
+        want,
+        function="rshift_round",
+        input_format="int64, shift 0..63",
+        output_format="int64",
+        domain=f"2^i±{{0,1,2}}, negatives, extremes and random, × 64 shifts ({got.size:,})",
+    )
+    neg = np.concatenate([k.rshift_round_array(-x, s) for s in range(64)])
+    ties_in = np.array([1, 3, 5, -1, -3, -5], dtype=np.int64)
+    ties = k.rshift_round_array(ties_in, 1).tolist()
+    ctx.check(
+        "rounding_symmetric",
+        "the rounding is symmetric, rshift_round(-x) = -rshift_round(x) for every probe and "
+        "shift, and ties go away from zero: ±1/2 -> ±1, ±3/2 -> ±2, ±5/2 -> ±3",
+        bool(np.array_equal(neg, -got)) and ties == [1, 2, 3, -1, -2, -3],
+        message=f"ties gave {ties}",
+    )
+
+
+def _operands(rng: np.random.Generator, n: int, max_bits: int) -> np.ndarray:
+    """Signed values of every magnitude up to 2^max_bits (log-uniform bit lengths)."""
+    bits = rng.integers(0, max_bits + 1, n)
+    mag = rng.integers(0, 2**62, n) >> (62 - np.minimum(bits, 62))
+    return np.where(rng.random(n) < 0.5, -mag, mag).astype(np.int64)
+
+
+def _check_mul(ctx: GateContext, k, rng: np.random.Generator) -> None:
+    e = edge_ints(62)
+    e = e[np.abs(e) <= 2**62]
+    a = np.concatenate([np.repeat(e, e.size), _operands(rng, 1 << 16, 62), [2**62, -(2**62)]])
+    b = np.concatenate([np.tile(e, e.size), _operands(rng, 1 << 16, 62), [2**62, 2**62]])
+    _check_exact(
+        ctx,
+        "mul_q62",
+        "the Q0.62 high multiply equals a·b/2^62 rounded half away from zero, exactly",
+        k.mul_q62_array(a, b),
+        [ref.mul_round(int(p), int(q), 62) for p, q in zip(a.tolist(), b.tolist(), strict=True)],
+        function="mul_q62",
+        input_format="|a|, |b| ≤ 2^62 (int64)",
+        output_format="Q0.62 (int64)",
+        domain=f"all pairs of {e.size} edge values, plus 2^16 random pairs",
+    )
+    s = rng.integers(0, 125, a.size)
+    ok = [abs(int(p) * int(q)) >> int(t) < 2**62 for p, q, t in zip(a, b, s, strict=True)]
+    a, b, s = a[ok], b[ok], s[ok]
+    got = np.concatenate([k.mul_round_array(a[s == t], b[s == t], t) for t in range(125)])
+    order = np.concatenate([np.flatnonzero(s == t) for t in range(125)])
+    want = [ref.mul_round(int(a[i]), int(b[i]), int(s[i])) for i in order]
+    _check_exact(
+        ctx,
+        "mul_round",
+        "a·b/2^s from the exact 124-bit product, rounded half away from zero, for shifts 0..124",
+        got,
+        want,
+        function="mul_round",
+        input_format="|a|, |b| ≤ 2^62, shift 0..124",
+        output_format="int64 (|result| < 2^62)",
+        domain=f"{got.size:,} edge and random pairs whose result fits, random shifts",
+    )
+
+
+def _check_div(ctx: GateContext, k, rng: np.random.Generator) -> None:
+    n = np.concatenate([edge_ints(), _operands(rng, 1 << 16, 62)])
+    d = np.abs(_operands(rng, n.size, 62)) + 1
+    d[: edge_ints().size] = np.resize(
+        np.array([1, 2, 3, 7, 2**31, 2**62, 2**63 - 1]), edge_ints().size
+    )
+    _check_exact(
+        ctx,
+        "div_round",
+        "n/d rounds half away from zero exactly, negative dividends included (d ≥ 1)",
+        k.div_round_array(n, d),
+        [ref.div_round(int(p), int(q)) for p, q in zip(n.tolist(), d.tolist(), strict=True)],
+        function="div_round",
+        input_format="int64 n, d ≥ 1",
+        output_format="int64",
+        domain=f"edges and random, {n.size:,} pairs",
+    )
+    nn = np.abs(_operands(rng, 1 << 16, 62))
+    dd = np.abs(_operands(rng, nn.size, 60)) + 1
+    ss = rng.integers(0, 90, nn.size)
+    ok = [(int(p) << int(t)) // int(q) < 2**62 - 1 for p, q, t in zip(nn, dd, ss, strict=True)]
+    nn, dd, ss = nn[ok], dd[ok], ss[ok]
+    _check_exact(
+        ctx,
+        "div_round_shift",
+        "n·2^s/d by long division equals the exactly rounded quotient",
+        k.div_round_shift_array(nn, dd, ss),
+        [ref.div_round_shift(int(p), int(q), int(t)) for p, q, t in zip(nn, dd, ss, strict=True)],
+        function="div_round_shift",
+        input_format="n ≥ 0, 1 ≤ d < 2^61, s ≥ 0",
+        output_format="int64 (< 2^62)",
+        domain=f"{nn.size:,} random cases whose quotient fits",
+    )
+
+
+def _check_narrow_isqrt(ctx: GateContext, k, x: np.ndarray, rng: np.random.Generator) -> None:
+    got, count = k.narrow_int32(x)
+    want, want_count = ref.narrow_int32(x)
+    _check_exact(
+        ctx,
+        "narrow_int32",
+        "saturating narrowing clamps to [-2^31, 2^31 - 1] exactly",
+        got,
+        want.tolist(),
+        function="narrow_int32",
+        input_format="int64",
+        output_format="int32 + saturation count",
+        domain=f"edges and random, {x.size:,} values",
+    )
+    ctx.check(
+        "narrow_count",
+        "the saturation count equals the number of values outside the int32 range",
+        count == want_count,
+        message=f"counted {count}, expected {want_count}",
+        saturations=int(count),
+    )
+    n = np.arange(1 << 22, dtype=np.int64)
+    _check_exact(
+        ctx,
+        "isqrt_exhaustive",
+        "isqrt(n) = floor(sqrt(n)) for every n below 2^22",
+        k.isqrt_array(n),
+        [ref.isqrt(v) for v in n.tolist()],
+        function="isqrt",
+        input_format="int64, 0 ≤ n",
+        output_format="int64",
+        domain="exhaustive: every n in [0, 2^22), 2^22 points",
+    )
+    roots = np.abs(_operands(rng, 1 << 14, 31)) + 1
+    e = edge_ints()
+    m = np.concatenate([e[e >= 0], roots * roots - 1, roots * roots, roots * roots + 1])
+    m = np.concatenate([m, np.abs(_operands(rng, 1 << 16, 62))])
+    r = k.isqrt_array(m)
+    _check_exact(
+        ctx,
+        "isqrt_edges",
+        "isqrt is exact at perfect squares ± 1, powers of two ± 2, 2^63 - 1 and random values",
+        r,
+        [ref.isqrt(v) for v in m.tolist()],
+        function="isqrt",
+        input_format="int64, 0 ≤ n < 2^63",
+        output_format="int64",
+        domain=f"squares ± 1, edges, random: {m.size:,} points",
+    )
+
+
+def _check_core_compiled(ctx: GateContext, x: np.ndarray) -> None:
+    """compiled == interpreted where Pythran and Python could differ: negative operands."""
+    e = edge_ints()
+    small = np.concatenate([e[:150], e[-150:], x[-100:]])  # both extremes, then random
+    neg = -np.abs(small[np.abs(small) <= 2**62][:150])
+    d = np.abs(small[: neg.size]) % 1000 + 1
+    for shift in (1, 7, 63):
+        check_compiled(ctx, f"compiled_rshift_{shift}", "rshift_round_array", small, shift)
+    check_compiled(ctx, "compiled_mul_q62", "mul_q62_array", neg, neg[::-1].copy())
+    check_compiled(ctx, "compiled_mul_round", "mul_round_array", neg >> 20, neg[::-1] >> 20, 90)
+    check_compiled(ctx, "compiled_div_round", "div_round_array", neg, d)
+    check_compiled(ctx, "compiled_narrow", "narrow_int32", small)
+    check_compiled(ctx, "compiled_isqrt", "isqrt_array", np.abs(neg))
+
+
+# == fx_exp ======================================================================================
+@gate(
+    "fx_exp",
+    innovation=None,
+    level="HAVE",
+    kernels=[KERNELS],
+    bounds={"exp_q16": lsb(EXP_MAX_ERR_LSB_Q10), "exp_q50": lsb(EXP_MAX_ERR_LSB_Q10)},
+    timeout=180,
+)
+def fx_exp(ctx: GateContext) -> None:
+    """exp on non-positive inputs, Q0.31 output, within 513/1024 LSB: exhaustive over Q6.16."""
+    k = ctx.compiled()
+    bound = lsb(EXP_MAX_ERR_LSB_Q10)
+    x16 = np.arange(-(64 << 16), 1, dtype=np.int64)
+    got16 = k.exp_q31_array(x16, 16)
+    anchor = f"gemmlowp exp_on_negative_values ≤ {ANCHOR_EXP} × 2^-31 = {ANCHOR_EXP} LSB here"
+    ctx.check_reference(
+        "exp_q16",
+        "e^x in Q0.31 for every Q6.16 input in [-64, 0] is within the declared bound",
+        raw(got16),
+        in_lsb(ref.exp(ref.value(x16, 16)), 31),
+        unit=Q31,
+        function="exp",
+        input_format="Q6.16 (x ≤ 0)",
+        output_format="Q0.31 in int64, [0, 1]",
+        domain="exhaustive: every Q6.16 input in [-64, 0], 2^22 + 1 points",
+        anchor=anchor,
+    )
+    rng = np.random.default_rng(SEED)
+    x50 = np.concatenate([-rng.integers(0, 64 << 50, 1 << 22), [-(1 << 62), -(70 << 50)]])
+    ctx.check_reference(
+        "exp_q50",
+        "e^x in Q0.31 for 2^22 seeded random Q.50 inputs in [-64, 0] (and two below -64)",
+        raw(k.exp_q31_array(x50, 50)),
+        in_lsb(ref.exp(ref.value(x50, 50)), 31),
+        unit=Q31,
+        function="exp",
+        input_format="Q.50 (x ≤ 0)",
+        output_format="Q0.31 in int64, [0, 1]",
+        domain="dense grid: 2^22 seeded random points over [-64, 0]",
+        anchor=anchor,
+    )
+    check_anchor(ctx, "exp", bound, ANCHOR_EXP)
+    ctx.check(
+        "exp_monotone_exact_one",
+        "e^0 is exactly 2^31 (one), and e^x never decreases as x rises over the exhaustive grid",
+        int(got16[-1]) == 2**31 and bool(np.all(np.diff(got16) >= 0)),
+    )
+    check_compiled(ctx, "compiled_exp", "exp_q31_array", x16[::4099].copy(), 16)
+    check_shuffled(ctx, "deterministic", lambda v: k.exp_q31_array(v, 16), x16, "exp_q31")
+    ctx.evidence(
+        f"exp within {bound:g} LSB of Q0.31 (gemmlowp: {ANCHOR_EXP}), measured "
+        f"{max(c.measured for c in ctx.checks if c.kind == 'reference'):.4f} over 2^23 inputs"
+    )
+
+
+# == fx_logistic: sigmoid, tanh, SiLU ===========================================================
+LOGISTIC_CHECKS = {
+    "sigmoid_q16": SIGMOID_MAX_ERR_LSB_Q10,
+    "sigmoid_q40": SIGMOID_MAX_ERR_LSB_Q10,
+    "tanh_q16": TANH_MAX_ERR_LSB_Q10,
+    "tanh_q40": TANH_MAX_ERR_LSB_Q10,
+    "silu_q16": SILU_MAX_ERR_LSB_Q10,
+    "silu_q26": SILU_MAX_ERR_LSB_Q10,
+}
+
+
+@gate(
+    "fx_logistic",
+    innovation=None,
+    level="HAVE",
+    kernels=[KERNELS],
+    bounds={name: lsb(q10) for name, q10 in LOGISTIC_CHECKS.items()},
+    timeout=240,
+)
+def fx_logistic(ctx: GateContext) -> None:
+    """sigmoid and tanh (Q0.31 output) and SiLU within 513/1024 LSB: exhaustive over Q6.16/Q5.16."""
+    k = ctx.compiled()
+    rng = np.random.default_rng(SEED)
+    x64 = np.arange(-(64 << 16), 64 << 16, dtype=np.int64)  # every Q6.16 input
+    x32 = np.arange(-(32 << 16), 32 << 16, dtype=np.int64)  # every Q5.16 input
+    wide = rng.integers(-(80 << 40), 80 << 40, 1 << 22)  # Q.40 over [-80, 80]
+    sig16 = k.sigmoid_q31_array(x64, 16)
+    tanh16 = k.tanh_q31_array(x32, 16)
+    _logistic_reference(ctx, k, x64, x32, wide, sig16, tanh16)
+    silu_grid = rng.integers(-(1 << 36), 1 << 36, 1 << 21)  # Q.26: |x| < 1024
+    _silu_reference(ctx, k, x64, silu_grid)
+    check_anchor(ctx, "sigmoid", lsb(SIGMOID_MAX_ERR_LSB_Q10), ANCHOR_LOGISTIC)
+    check_anchor(ctx, "tanh", lsb(TANH_MAX_ERR_LSB_Q10), ANCHOR_TANH)
+    half = x64.size // 2  # x64[half] is 0; x64[half - i] = -x64[half + i]
+    ctx.check(
+        "logistic_symmetries",
+        "sigma(x) + sigma(-x) = 1 and tanh(-x) = -tanh(x) bit for bit on the exhaustive grids, "
+        "sigma(0) = 1/2 and tanh(0) = 0 exactly, and both never decrease",
+        bool(np.all(sig16[1 : half + 1][::-1] + sig16[half:] == 2**31))
+        and bool(np.array_equal(tanh16[1 : x32.size // 2 + 1][::-1], -tanh16[x32.size // 2 :]))
+        and int(sig16[half]) == 2**30
+        and int(tanh16[x32.size // 2]) == 0
+        and bool(np.all(np.diff(sig16) >= 0) and np.all(np.diff(tanh16) >= 0)),
+    )
+    small = x64[::8191].copy()
+    check_compiled(ctx, "compiled_sigmoid", "sigmoid_q31_array", small, 16)
+    check_compiled(ctx, "compiled_tanh", "tanh_q31_array", small, 16)
+    check_compiled(ctx, "compiled_silu", "silu_array", small, 16)
+    check_shuffled(
+        ctx,
+        "deterministic",
+        lambda v: (k.sigmoid_q31_array(v, 40), k.tanh_q31_array(v, 40), k.silu_array(v, 40)),
+        wide,
+        "sigmoid, tanh and SiLU",
+    )
+    worst = {c.name: c.measured for c in ctx.checks if c.kind == "reference"}
+    ctx.evidence(
+        f"sigmoid {max(worst['sigmoid_q16'], worst['sigmoid_q40']):.4f} LSB (gemmlowp "
+        f"{ANCHOR_LOGISTIC}), tanh {max(worst['tanh_q16'], worst['tanh_q40']):.4f} "
+        f"(gemmlowp {ANCHOR_TANH}), SiLU {max(worst['silu_q16'], worst['silu_q26']):.4f} LSB"
+    )
+
+
+def _logistic_reference(ctx, k, x64, x32, wide, sig16, tanh16) -> None:
+    sig_anchor = f"gemmlowp logistic ≤ {ANCHOR_LOGISTIC} × 2^-31 = {ANCHOR_LOGISTIC} LSB here"
+    tanh_anchor = f"gemmlowp tanh ≤ {ANCHOR_TANH} × 2^-31 = {ANCHOR_TANH} LSB here"
+    for name, fn, got, x, frac, fmt, domain, anchor in (
+        (
+            "sigmoid_q16",
+            ref.sigmoid,
+            sig16,
+            x64,
+            16,
+            "Q6.16",
+            "exhaustive: every Q6.16 input in [-64, 64), 2^23 points",
+            sig_anchor,
+        ),
+        (
+            "sigmoid_q40",
+            ref.sigmoid,
+            k.sigmoid_q31_array(wide, 40),
+            wide,
+            40,
+            "Q.40",
+            "dense grid: 2^22 seeded random points over [-80, 80)",
+            sig_anchor,
+        ),
+        (
+            "tanh_q16",
+            ref.tanh,
+            tanh16,
+            x32,
+            16,
+            "Q5.16",
+            "exhaustive: every Q5.16 input in [-32, 32), 2^22 points",
+            tanh_anchor,
+        ),
+        (
+            "tanh_q40",
+            ref.tanh,
+            k.tanh_q31_array(wide, 40),
+            wide,
+            40,
+            "Q.40",
+            "dense grid: 2^22 seeded random points over [-80, 80)",
+            tanh_anchor,
+        ),
+    ):
+        function = name.split("_")[0]
+        ctx.check_reference(
+            name,
+            f"{function}(x) in Q0.31 over {domain.split(': ')[1]} is within the declared bound",
+            raw(got),
+            in_lsb(fn(ref.value(x, frac)), 31),
+            unit=Q31,
+            function=function,
+            input_format=fmt,
+            output_format="Q0.31 in int64, " + ("[0, 1]" if function == "sigmoid" else "[-1, 1]"),
+            domain=domain,
+            anchor=anchor,
+        )
+
+
+def _silu_reference(ctx, k, x64, grid) -> None:
+    for name, x, frac, fmt, domain in (
+        ("silu_q16", x64, 16, "Q6.16", "exhaustive: every Q6.16 input in [-64, 64), 2^23 points"),
+        (
+            "silu_q26",
+            grid,
+            26,
+            "Q.26, |x| < 2^10",
+            "dense grid: 2^21 seeded random points over [-1024, 1024), |x_raw| < 2^36",
+        ),
+    ):
+        ctx.check_reference(
+            name,
+            f"x·sigma(x) in the input's own format ({fmt}) is within the declared bound",
+            raw(k.silu_array(x, frac)),
+            in_lsb(ref.silu(ref.value(x, frac)), frac),
+            unit=f"LSB (2^-{frac})",
+            function="silu",
+            input_format=fmt,
+            output_format=fmt.split(",")[0],
+            domain=domain,
+        )
+
+
+# == fx_norm: rsqrt, RMSNorm, L2 normalisation ==================================================
+NORM_CHECKS = {
+    "rsqrt_exhaustive": RSQRT_MAX_ERR_LSB_Q10,
+    "rsqrt_random": RSQRT_MAX_ERR_LSB_Q10,
+    "rmsnorm": RMSNORM_MAX_ERR_LSB_Q10,
+    "l2norm": L2NORM_MAX_ERR_LSB_Q10,
+}
+NORM_FX, NORM_FW, NORM_FY = 20, 28, 30  # x in Q.20 (|x| <= 100), w in Q.28, RMSNorm out Q.30
+
+
+@gate(
+    "fx_norm",
+    innovation=None,
+    level="HAVE",
+    kernels=[KERNELS],
+    bounds={name: lsb(q10) for name, q10 in NORM_CHECKS.items()},
+    timeout=180,
+)
+def fx_norm(ctx: GateContext) -> None:
+    """rsqrt (Newton), RMSNorm and L2 normalisation within 513/1024 output LSB."""
+    k = ctx.compiled()
+    rng = np.random.default_rng(SEED)
+    _rsqrt_reference(ctx, k, rng)
+    x, w, eps_raw = _norm_rows(rng)
+    eps = ref.value(np.int64(eps_raw), 2 * NORM_FX)
+    y = k.rmsnorm(x, w, eps_raw, NORM_FX, NORM_FW, NORM_FY)
+    ctx.check_reference(
+        "rmsnorm",
+        "w·x·rsqrt(mean(x^2) + eps) per row is within the declared bound of the float64 value",
+        raw(y),
+        in_lsb(ref.rmsnorm(ref.value(x, NORM_FX), ref.value(w, NORM_FW), eps), NORM_FY),
+        unit=f"LSB (2^-{NORM_FY})",
+        function="rmsnorm",
+        input_format=f"x Q.{NORM_FX}, w Q.{NORM_FW}, eps Q.{2 * NORM_FX}",
+        output_format=f"Q.{NORM_FY}",
+        domain=f"dense grid: {x.shape[0]} rows × {x.shape[1]} (2^20 values), row scales "
+        "2^-10..2^3, plus zero and one-hot rows",
+    )
+    z = k.l2norm(x, eps_raw, NORM_FX, 31)
+    ctx.check_reference(
+        "l2norm",
+        "x·rsqrt(sum(x^2) + eps) per row is within the declared bound of the float64 value",
+        raw(z),
+        in_lsb(ref.l2norm(ref.value(x, NORM_FX), eps), 31),
+        unit=Q31,
+        function="l2norm",
+        input_format=f"Q.{NORM_FX}, eps Q.{2 * NORM_FX}",
+        output_format="Q0.31",
+        domain=f"dense grid: {x.shape[0]} rows × {x.shape[1]} (2^20 values), as rmsnorm",
+    )
+    half = np.ascontiguousarray(x[1:][np.abs(x[1:]).max(axis=1) <= 50 << NORM_FX])  # 2x fits
+    y2 = k.rmsnorm(2 * half, w, 0, NORM_FX, NORM_FW, NORM_FY)
+    ctx.check(
+        "rmsnorm_scale_invariant",
+        "at eps = 0, RMSNorm(2x) = RMSNorm(x) bit for bit (the mean square is normalised exactly)",
+        bool(np.array_equal(y2, k.rmsnorm(half, w, 0, NORM_FX, NORM_FW, NORM_FY))),
+        rows=int(half.shape[0]),
+    )
+    check_compiled(ctx, "compiled_rmsnorm", "rmsnorm", x[:6], w, eps_raw, NORM_FX, NORM_FW, NORM_FY)
+    check_compiled(ctx, "compiled_l2norm", "l2norm", x[:6], eps_raw, NORM_FX, 31)
+    check_shuffled(
+        ctx,
+        "deterministic",
+        lambda v: k.rmsnorm(v, w, eps_raw, NORM_FX, NORM_FW, NORM_FY),
+        x,
+        "RMSNorm",
+    )
+    worst = max(c.measured for c in ctx.checks if c.kind == "reference")
+    ctx.evidence(f"rsqrt, RMSNorm and L2 norm within {worst:.4f} output LSB over 2^24 points")
+
+
+def _rsqrt_reference(ctx: GateContext, k, rng: np.random.Generator) -> None:
+    x = np.arange(1, 1 << 22, dtype=np.int64)
+    fi = np.concatenate([np.zeros_like(x), np.ones_like(x)])
+    xx = np.concatenate([x, x])
+    fo = np.full_like(xx, 31)
+    got = k.rsqrt_array(xx, fi, fo)
+    ctx.check_reference(
+        "rsqrt_exhaustive",
+        "1/sqrt(x) in Q0.31 for every integer x in [1, 2^22), and for every x/2 (odd format)",
+        raw(got),
+        in_lsb(ref.rsqrt(ref.value(xx, fi)), 31),
+        unit=Q31,
+        function="rsqrt",
+        input_format="Q.0 and Q.1 (x > 0)",
+        output_format="Q0.31",
+        domain="exhaustive: every x in [1, 2^22) at frac 0 and at frac 1, 2^23 points",
+    )
+    bits = rng.integers(1, 63, 1 << 22)
+    xr = np.maximum(rng.integers(0, 2**62, bits.size) >> (62 - bits), 1)
+    fir = rng.integers(-20, 101, xr.size)
+    lv = -(np.log2(xr.astype(np.float64)) - fir) / 2  # log2 of the result
+    for_ = (35 - np.floor(lv)).astype(np.int64)  # results in [2^35, 2^36) raw
+    ctx.check_reference(
+        "rsqrt_random",
+        "1/sqrt(x) for random x of every bit length 1..62 in random formats Q.-20..Q.100",
+        raw(k.rsqrt_array(xr, fir, for_)),
+        in_lsb(ref.rsqrt(ref.value(xr, fir)), for_),
+        unit="LSB of the chosen output format",
+        function="rsqrt",
+        input_format="Q.f, f in [-20, 100], x in [1, 2^62)",
+        output_format="Q.g, results 2^35..2^36 raw",
+        domain="dense grid: 2^22 seeded random (x, format) pairs",
+    )
+    y = xr[xr < 2**60]
+    f0 = fir[: y.size]
+    g = for_[: y.size]
+    ctx.check(
+        "rsqrt_exact_scaling",
+        "rsqrt(4x) = rsqrt(x)/2 bit for bit (same mantissa path), and x <= 0 returns -1",
+        bool(np.array_equal(k.rsqrt_array(4 * y, f0, g), k.rsqrt_array(y, f0, g - 1)))
+        and k.rsqrt_array(np.array([0, -5]), np.zeros(2, np.int64), np.zeros(2, np.int64)).tolist()
+        == [-1, -1],
+    )
+    small = np.concatenate([x[:20], xr[:20]])
+    check_compiled(
+        ctx,
+        "compiled_rsqrt",
+        "rsqrt_array",
+        small,
+        np.concatenate([fi[:20], fir[:20]]),
+        np.concatenate([fo[:20], for_[:20]]),
+    )
+
+
+def _norm_rows(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+    """4096 rows of 256 Q.20 values with per-row scales 2^-10..2^3 (|x| <= 100)."""
+    scale = np.exp2(rng.uniform(-10, 3, (4096, 1)))
+    x = np.clip(rng.standard_normal((4096, 256)) * scale, -100, 100)
+    x[0] = 0.0  # a zero row: eps alone
+    x[1] = 0.0
+    x[1, 7] = 3.0  # one-hot: y = w sqrt(n) there
+    w = rng.normal(1.0, 0.5, 256)
+    eps_raw = round(1e-6 * 2 ** (2 * NORM_FX))
+    xq = np.round(x * 2**NORM_FX).astype(np.int64)
+    return np.ascontiguousarray(xq), np.round(w * 2**NORM_FW).astype(np.int64), eps_raw
+
+
+# == fx_softmax ==================================================================================
+SOFTMAX_FRAC = 24
+
+
+@gate(
+    "fx_softmax",
+    innovation=None,
+    level="HAVE",
+    kernels=[KERNELS],
+    bounds={
+        "softmax_rows": lsb(SOFTMAX_MAX_ERR_LSB_Q10),
+        "softmax_long": lsb(SOFTMAX_MAX_ERR_LSB_Q10),
+    },
+    timeout=180,
+)
+def fx_softmax(ctx: GateContext) -> None:
+    """Row softmax (max-subtract, exp, exact int64 sum, one reciprocal) within 513/1024 LSB."""
+    k = ctx.compiled()
+    rng = np.random.default_rng(SEED)
+    x = _softmax_rows(rng)
+    p = k.softmax_q31(x, SOFTMAX_FRAC)
+    ctx.check_reference(
+        "softmax_rows",
+        "each of 4096 rows of 256 scores (scales 2^-4..2^5, plus uniform, one-hot and tied rows) "
+        "is within the declared bound of the float64 softmax",
+        raw(p),
+        in_lsb(ref.softmax(ref.value(x, SOFTMAX_FRAC)), 31),
+        unit=Q31,
+        function="softmax",
+        input_format=f"Q.{SOFTMAX_FRAC} rows of 256",
+        output_format="Q0.31",
+        domain="dense grid: 4096 rows × 256, 2^20 values",
+    )
+    long_row = np.round(rng.normal(0, 4, (1, 1 << 20)) * 2**SOFTMAX_FRAC).astype(np.int64)
+    pl = k.softmax_q31(long_row, SOFTMAX_FRAC)
+    ctx.check_reference(
+        "softmax_long",
+        "one row of 2^20 keys (the 1M-context decode case) is within the same bound: the exact "
+        "two-word sum does not overflow and keeps every term",
+        raw(pl),
+        in_lsb(ref.softmax(ref.value(long_row, SOFTMAX_FRAC)), 31),
+        unit=Q31,
+        function="softmax",
+        input_format=f"Q.{SOFTMAX_FRAC}, one row of 2^20",
+        output_format="Q0.31",
+        domain="one seeded row of 2^20 scores (the largest row the bound covers)",
+    )
+    _softmax_properties(ctx, k, x, p, pl)
+    check_compiled(ctx, "compiled_softmax", "softmax_q31", x[-8:, :32].copy(), SOFTMAX_FRAC)
+    check_shuffled(ctx, "deterministic", lambda v: k.softmax_q31(v, SOFTMAX_FRAC), x, "softmax")
+    worst = max(c.measured for c in ctx.checks if c.kind == "reference")
+    ctx.evidence(f"softmax within {worst:.4f} LSB of Q0.31 on 2^20 scores and a 2^20-key row")
+
+
+def _softmax_rows(rng: np.random.Generator) -> np.ndarray:
+    scale = np.exp2(rng.uniform(-4, 5, (4096, 1)))
+    x = rng.standard_normal((4096, 256)) * scale
+    x[0] = 3.25  # uniform: every p is 2^31 / 256 exactly
+    x[1] = -1000.0
+    x[1, 17] = 0.0  # one-hot: 1 and 0 exactly
+    x[2] = -1000.0
+    x[2, 3] = x[2, 200] = 5.0  # a two-way tie: 1/2 each
+    return np.ascontiguousarray(np.round(x * 2**SOFTMAX_FRAC).astype(np.int64))
+
+
+def _softmax_properties(ctx: GateContext, k, x: np.ndarray, p: np.ndarray, pl: np.ndarray) -> None:
+    shift = k.softmax_q31(x + (12345 << SOFTMAX_FRAC) + 7, SOFTMAX_FRAC)
+    perm = np.random.default_rng(SEED + 2).permutation(x.shape[1])
+    permuted = k.softmax_q31(np.ascontiguousarray(x[:, perm]), SOFTMAX_FRAC)
+    bound = lsb(SOFTMAX_MAX_ERR_LSB_Q10)
+    slack = np.abs(p.sum(axis=1) - 2**31) / x.shape[1]
+    ctx.check(
+        "softmax_invariances",
+        "adding a constant to every score changes nothing, bit for bit; permuting the keys "
+        "permutes the weights, bit for bit; uniform, one-hot and tied rows are exact",
+        bool(np.array_equal(shift, p))
+        and bool(np.array_equal(permuted, p[:, perm]))
+        and bool(np.all(p[0] == 2**31 // 256))
+        and p[1].tolist() == [2**31 if j == 17 else 0 for j in range(256)]
+        and int(p[2, 3]) == int(p[2, 200]) == 2**30,
+    )
+    ctx.check(
+        "softmax_sums",
+        "every row's weights sum to 1 within n times the per-weight bound (the 2^20 row too)",
+        bool(np.all(slack <= bound)) and abs(int(pl.sum()) - 2**31) <= bound * pl.shape[1],
+        worst_row_slack_per_key=float(slack.max()),
+        long_row_sum_minus_one_lsb=int(pl.sum()) - 2**31,
+    )
+
+
+# == fx_sincos ===================================================================================
+@gate(
+    "fx_sincos",
+    innovation=None,
+    level="HAVE",
+    kernels=[KERNELS],
+    bounds={
+        name: lsb(SINCOS_MAX_ERR_LSB_Q10) for name in ("sin_q22", "cos_q22", "sin_q40", "cos_q40")
+    },
+    timeout=180,
+)
+def fx_sincos(ctx: GateContext) -> None:
+    """sin and cos of a phase in turns (exact range reduction), Q0.31, exhaustive over 22 bits."""
+    k = ctx.compiled()
+    p22 = np.arange(1 << 22, dtype=np.int64)
+    s22, c22 = k.sincos_q31_array(p22, 22)
+    rng = np.random.default_rng(SEED)
+    p40 = rng.integers(-(2**62), 2**62, 1 << 22)  # any int64: only the low 40 bits count
+    s40, c40 = k.sincos_q31_array(p40, 40)
+    for name, got, fn, phase, bits, domain in (
+        ("sin_q22", s22, ref.sin_turns, p22, 22, "exhaustive: every 22-bit phase, 2^22 points"),
+        ("cos_q22", c22, ref.cos_turns, p22, 22, "exhaustive: every 22-bit phase, 2^22 points"),
+        (
+            "sin_q40",
+            s40,
+            ref.sin_turns,
+            p40,
+            40,
+            "dense grid: 2^22 seeded random int64 phases (negative ones wrap), 40 bits",
+        ),
+        (
+            "cos_q40",
+            c40,
+            ref.cos_turns,
+            p40,
+            40,
+            "dense grid: 2^22 seeded random int64 phases (negative ones wrap), 40 bits",
+        ),
+    ):
+        ctx.check_reference(
+            name,
+            f"{name[:3]}(2π p / 2^{bits}) in Q0.31 is within the declared bound",
+            raw(got),
+            in_lsb(fn(phase, bits), 31),
+            unit=Q31,
+            function=name[:3],
+            input_format=f"phase in turns × 2^{bits} (mod 2^{bits})",
+            output_format="Q0.31, [-1, 1]",
+            domain=domain,
+        )
+    n = p22.size
+    idx = np.arange(n)
+    ctx.check(
+        "sincos_symmetries",
+        "over every 22-bit phase: sin(p + 1/2 turn) = -sin(p), cos(p + 1/2) = -cos(p), "
+        "sin(-p) = -sin(p) and cos(p) = sin(p + 1/4 turn), all bit for bit",
+        bool(np.array_equal(s22[(idx + n // 2) % n], -s22))
+        and bool(np.array_equal(c22[(idx + n // 2) % n], -c22))
+        and bool(np.array_equal(s22[(n - idx) % n], -s22))
+        and bool(np.array_equal(s22[(idx + n // 4) % n], c22)),
+    )
+    check_compiled(ctx, "compiled_sincos", "sincos_q31_array", p40[:256].copy(), 40)
+    check_shuffled(ctx, "deterministic", lambda v: k.sincos_q31_array(v, 40), p40, "sin/cos")
+    worst = max(c.measured for c in ctx.checks if c.kind == "reference")
+    ctx.evidence(f"sin and cos of phases in turns within {worst:.4f} LSB of Q0.31, 2^23 phases")
