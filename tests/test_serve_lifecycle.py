@@ -1,0 +1,306 @@
+"""The server's life: start-up checks, build-first, --watch's child, graceful signals, and
+atomic site swaps (in-flight requests finish on the old build, new ones see the new build)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from serve_support import (
+    BIG_SIZE,
+    REPO,
+    Server,
+    client_context,
+    get,
+    make_site,
+    read_reply,
+    start_server,
+    tls_connect,
+)
+
+from serve.__main__ import ensure_site
+from serve.server import StartupError, watching_build
+
+
+def run_cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "K3SERVE_STATE": str(state)}
+    return subprocess.run(
+        [sys.executable, "-m", "serve", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# --- start-up: fail loudly, in one line, naming the problem ------------------------------------
+
+
+def test_missing_root_fails_naming_it(tmp_path: Path) -> None:
+    result = run_cli("--root", str(tmp_path / "nowhere"), "--port", "0", state=tmp_path / "s")
+    assert result.returncode == 1
+    assert f"site root {tmp_path / 'nowhere'} does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_certificate_fails_naming_it(tmp_path: Path) -> None:
+    site = make_site(tmp_path)
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not a certificate\n")
+    args = ("--root", str(site.root), "--port", "0", "--cert", str(cert), "--key", str(cert))
+    result = run_cli(*args, state=tmp_path / "s")
+    assert result.returncode == 1
+    assert f"cannot load certificate {cert}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_port_in_use_fails_naming_it(tmp_path: Path) -> None:
+    site = make_site(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for workers in ("1", "2"):
+            args = ("--root", str(site.root), "--port", str(port), "--workers", workers)
+            result = run_cli(*args, state=tmp_path / "s")
+            assert result.returncode == 1, workers
+            assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+            assert "Traceback" not in result.stderr
+
+
+def _stub_project(tmp_path: Path, script: str) -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "build.py").write_text(script)
+    return project
+
+
+def test_missing_site_is_built_first(tmp_path: Path) -> None:
+    project = _stub_project(
+        tmp_path,
+        "import pathlib\nsite = pathlib.Path('public')\nsite.mkdir()\n"
+        "(site / 'index.html').write_text('x')\n",
+    )
+    ensure_site(project / "public", project)
+    assert (project / "public" / "index.html").read_text() == "x"
+
+
+def test_failed_build_is_a_clear_error(tmp_path: Path) -> None:
+    project = _stub_project(tmp_path, "import sys\nsys.exit(3)\n")
+    with pytest.raises(
+        StartupError, match=r"build\.py failed with exit status 3; nothing to serve"
+    ):
+        ensure_site(project / "public", project)
+
+
+def test_explicit_root_is_never_built(tmp_path: Path) -> None:
+    with pytest.raises(StartupError, match="does not exist"):
+        ensure_site(tmp_path / "elsewhere", None)
+
+
+def test_watch_runs_build_watch_and_stops_it(tmp_path: Path) -> None:
+    project = _stub_project(
+        tmp_path,
+        "import sys, time, pathlib\npathlib.Path('argv').write_text(' '.join(sys.argv[1:]))\n"
+        "time.sleep(600)\n",
+    )
+    with watching_build(project, enabled=True):
+        deadline = time.monotonic() + 20
+        while not (project / "argv").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (project / "argv").read_text() == "--watch"
+        children = _children(os.getpid())
+        assert children
+    for pid in children:
+        assert not _alive(pid), "build.py --watch outlived the server"
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+# --- graceful shutdown ---------------------------------------------------------------------
+
+
+def _start_slow_download(server: Server) -> tuple[socket.socket, bytes]:
+    """A 3 MiB GET through a 16 KiB receive window, paused after the first bytes."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    raw.connect(("127.0.0.1", server.port))
+    sock = client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+    sock.sendall(b"GET /big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    first = sock.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200")
+    return sock, first
+
+
+def _finish_download(sock: socket.socket, first: bytes) -> bytes:
+    data = first
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data.partition(b"\r\n\r\n")[2]) >= BIG_SIZE:
+            break
+    sock.close()
+    return data.partition(b"\r\n\r\n")[2]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_finishes_in_flight_and_exits_cleanly(
+    tmp_path: Path, signum: int, workers: int
+) -> None:
+    site = make_site(tmp_path)
+    server = start_server(site.root, tmp_path / "state", workers=workers)
+    assert get(server, "/").status == 200
+    sock, first = _start_slow_download(server)
+    server.process.send_signal(signum)
+    time.sleep(0.5)  # the server is now draining; the download is still in flight
+    body = _finish_download(sock, first)
+    code, stderr = server.stop(signum)
+    assert len(body) == BIG_SIZE and set(body) == {ord("A")}
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+    assert "Error" not in stderr
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+
+# --- atomic swaps: a request sees one build, whole -----------------------------------------
+
+
+def _publish(link: Path, target: Path) -> None:
+    """What build.py does: a new symlink renamed over the old one."""
+    fresh = link.with_name(link.name + ".new")
+    fresh.symlink_to(target)
+    os.replace(fresh, link)
+
+
+@pytest.fixture()
+def two_builds(tmp_path: Path) -> tuple[Path, Path, Path]:
+    a = make_site(tmp_path / ".public" / "build-A", "A").root
+    b = make_site(tmp_path / ".public" / "build-B", "B").root
+    link = tmp_path / "public"
+    link.symlink_to(a)
+    return link, a, b
+
+
+def test_in_flight_request_finishes_on_the_old_build(
+    tmp_path: Path, two_builds: tuple[Path, Path, Path]
+) -> None:
+    link, a, b = two_builds
+    server = start_server(link, tmp_path / "state")
+    try:
+        sock, first = _start_slow_download(server)
+        _publish(link, b)
+        shutil.rmtree(a.parent)  # build.py deletes old builds after a grace period
+        assert b"build B" in get(server, "/").body
+        assert set(get(server, "/big.bin").body) == {ord("B")}
+        body = _finish_download(sock, first)
+        assert len(body) == BIG_SIZE and set(body) == {ord("A")}
+    finally:
+        code, stderr = server.stop()
+    assert code == 0 and "Traceback" not in stderr
+
+
+def test_no_response_mixes_two_builds(tmp_path: Path, two_builds: tuple[Path, Path, Path]) -> None:
+    link, a, b = two_builds
+    whole = {
+        "/": {(s / "index.html").read_bytes() for s in (a, b)},
+        "/nope": {(s / "404.html").read_bytes() for s in (a, b)},
+    }
+    server = start_server(link, tmp_path / "state")
+    stop = threading.Event()
+
+    def swap_forever() -> None:
+        while not stop.is_set():
+            for target in (b, a):
+                _publish(link, target)
+                time.sleep(0.002)
+
+    swapper = threading.Thread(target=swap_forever)
+    swapper.start()
+    seen: set[bytes] = set()
+    try:
+        with tls_connect(server) as sock:  # one keep-alive connection, many requests
+            for i in range(150):
+                path = "/" if i % 2 else "/nope"
+                sock.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n".encode()
+                )
+                reply = read_reply(sock, head_only=False)
+                body = gzip.decompress(reply.body)
+                assert body in whole[path], body[:80]  # one build's page, byte for byte
+                seen.add(body)
+    finally:
+        stop.set()
+        swapper.join()
+        server.stop()
+    assert len(seen) >= 3, "the swaps were never observed; the test proved nothing"
+
+
+# --- certificates renewed while running, and workers that outlive nothing ---------------
+
+
+def _served_serial(server: Server) -> int:
+    from cryptography import x509
+
+    with tls_connect(server) as sock:
+        der = sock.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_running_server_renews_and_loads_its_leaf(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    site = make_site(tmp_path)
+    state = tmp_path / "state"
+    server = start_server(site.root, state, "--cert-check-interval", "0.3")
+    try:
+        before = _served_serial(server)
+        (state / "leaf.pem").unlink()  # lost, or expired: the periodic check makes a new one
+        (state / "leaf.key").unlink()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _served_serial(server) == before:
+            time.sleep(0.2)
+        current = x509.load_pem_x509_certificate((state / "leaf.pem").read_bytes())
+        assert _served_serial(server) == current.serial_number != before
+    finally:
+        code, stderr = server.stop()
+    assert code == 0 and "Traceback" not in stderr
+
+
+def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    site = make_site(tmp_path)
+    server = start_server(site.root, tmp_path / "state", workers=2)
+    workers = _children(server.process.pid)
+    assert len(workers) == 2
+    server.process.kill()  # SIGKILL: the supervisor cannot forward anything
+    server.process.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers), "orphaned workers kept serving"
