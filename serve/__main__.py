@@ -84,6 +84,9 @@ def validate(args: argparse.Namespace) -> None:
     ):
         if getattr(args, name) <= 0:
             raise StartupError(f"--{name.replace('_', '-')} must be positive")
+    if args.max_header_bytes < 1024:
+        # Below this no real browser's request fits: everything would be 431.
+        raise StartupError(f"--max-header-bytes must be at least 1024, not {args.max_header_bytes}")
     host = args.redirect_host
     if not host or any(c in host for c in "/\\?#@ \r\n\t") or host.startswith("["):
         # The redirect target must be a bare host name: anything else could point elsewhere.

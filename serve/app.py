@@ -239,7 +239,11 @@ class StaticApp:
         return self._file_response(found, request, 200)
 
     def _file_response(self, found: Found, request: RequestInfo, status: int) -> Response:
-        prepared = self._prepared(found, status)
+        try:
+            prepared = self._prepared(found, status)
+        except BaseException:
+            os.close(found.fd)  # a failed read must not leak the descriptor
+            raise
         if status == 200 and files.is_not_modified(
             request.if_none_match, request.if_modified_since, prepared.etag, found.stat.st_mtime
         ):

@@ -2,8 +2,8 @@
 
 Each worker is a whole server (event loop, hypercorn, StaticApp) on its own listening socket.
 With several workers those sockets share the port through SO_REUSEPORT, so the kernel balances
-connections; hypercorn's built-in multi-worker mode shares one socket, and there one worker's
-accept loop was seen taking all 64 connections of a load test.
+connections evenly (bench/bench_serve.py prints each worker's CPU share). Hypercorn's built-in
+multi-worker mode shares one socket instead; issue 6 saw one worker take all 64 connections.
 
 Shutdown: SIGINT or SIGTERM makes a worker stop accepting, finish in-flight responses (up to
 `graceful_timeout`), close, and exit 0 without a traceback. The supervisor forwards the signal
@@ -78,8 +78,8 @@ class ServerSettings:
     backlog: int = 1024
     # Optional plain-HTTP listener that only redirects to HTTPS (see AppSettings.redirect_host).
     redirect_port: int | None = None
-    # One access-log line per request on stderr. Off by default: it costs about a tenth of the
-    # throughput, and a static site's reader needs no log.
+    # One access-log line per request on stderr. Off by default: formatting and writing a line
+    # is CPU on the hot path of every request, and a static site needs no log of its readers.
     access_log: bool = False
     # How often a worker checks that its certificate is fresh, and reloads renewed files.
     cert_check_seconds: float = 6 * 3600

@@ -8,6 +8,10 @@ import socket
 import time
 from collections.abc import Iterator
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 import pytest
 from serve_support import (
     BIG_SIZE,
@@ -122,6 +126,19 @@ def test_big_file_arrives_whole_over_h1_and_h2(server: Server, site: Site) -> No
     assert hashlib.sha256(get(server, "/big.bin").body).hexdigest() == expected
     result = curl(server, "/big.bin", "--http2", "-o", "-")
     assert len(result.stdout) == BIG_SIZE
+
+
+def test_h2_stream_and_header_limits_are_advertised(server: Server) -> None:
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    with tls_connect(server, alpn=("h2",)) as sock:
+        connection.initiate_connection()
+        sock.sendall(connection.data_to_send())
+        events = connection.receive_data(sock.recv(65536))
+    settings = next(e for e in events if isinstance(e, h2.events.RemoteSettingsChanged))
+    advertised = {k: v.new_value for k, v in settings.changed_settings.items()}
+    assert advertised[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == 64
+    assert advertised[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] == 128 * 1024
+    assert advertised[h2.settings.SettingCodes.MAX_FRAME_SIZE] == 16 * 1024
 
 
 # --- headers -------------------------------------------------------------------------------
