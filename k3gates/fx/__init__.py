@@ -13,7 +13,7 @@ is the kernel's bound: 513/1024 LSB of the output format named below.
                          error < 2^-38 (each result is held with 38-39 significant bits)
     softmax(x, axis=-1)  finite |x| < 2^28; Q.32 in, Q0.31 out; bound proven for rows <= 2^20
     rmsnorm(x, w, eps)   w * x / sqrt(mean(x^2) + eps) over the last axis; formats chosen per
-                         call so nothing overflows (see `rmsnorm`)
+                         call (x with 30 significant bits) so nothing overflows
     l2norm(x, eps)       x / sqrt(sum(x^2) + eps) over the last axis, output Q0.31
 
 Every function raises ValueError, saying what was expected, for NaN or infinite input, for a
@@ -84,7 +84,7 @@ def exp(x: object) -> np.ndarray:
     """e^x for x <= 0, through exp_q31: Q.40 in, Q0.31 out. x > 0 raises ValueError."""
     a = _finite(x, "x")
     if a.size and a.max() > 0:
-        raise ValueError(f"x: exp is defined here for x <= 0 only, got {a.max()!r}")
+        raise ValueError(f"x: exp is defined here for x <= 0 only, got {float(a.max())!r}")
     return _elementwise("exp_q31_array", np.maximum(a, -64.0), FRAC_IN, OUT_FRAC)
 
 
@@ -92,7 +92,7 @@ def silu(x: object) -> np.ndarray:
     """x * sigma(x), through silu_q in Q.24 (input and output)."""
     a = _finite(x, "x")
     if a.size and np.abs(a).max() >= SILU_MAX_ABS:
-        raise ValueError(f"x: silu accepts |x| < 2^37, got {np.abs(a).max()!r}")
+        raise ValueError(f"x: silu accepts |x| < 2^37, got {float(np.abs(a).max())!r}")
     return _elementwise("silu_array", a, SILU_FRAC, SILU_FRAC)
 
 
@@ -104,7 +104,7 @@ def rsqrt(x: object) -> np.ndarray:
     """
     a = _finite(x, "x")
     if a.size and a.min() <= 0:
-        raise ValueError(f"x: rsqrt needs x > 0, got {a.min()!r}")
+        raise ValueError(f"x: rsqrt needs x > 0, got {float(a.min())!r}")
     m, e = np.frexp(a.ravel())  # a = m 2^e, m in [1/2, 1)
     raw = np.ldexp(m, 53).astype(np.int64)
     frac_in = (53 - e).astype(np.int64)
@@ -119,11 +119,11 @@ def softmax(x: object, axis: int = -1) -> np.ndarray:
     if a.ndim == 0:
         raise ValueError("x: softmax needs at least one axis, got a scalar")
     if a.size and np.abs(a).max() >= SOFTMAX_MAX_ABS:
-        raise ValueError(f"x: softmax accepts |x| < 2^28, got {np.abs(a).max()!r}")
+        raise ValueError(f"x: softmax accepts |x| < 2^28, got {float(np.abs(a).max())!r}")
     moved = np.moveaxis(a, axis, -1)
-    rows = np.ascontiguousarray(quantize(moved.reshape(-1, moved.shape[-1]), SOFTMAX_FRAC))
-    if rows.shape[1] == 0:
+    if moved.shape[-1] == 0:
         raise ValueError("x: softmax over an empty axis")
+    rows = np.ascontiguousarray(quantize(moved.reshape(-1, moved.shape[-1]), SOFTMAX_FRAC))
     p = value(_kernels().softmax_q31(rows, SOFTMAX_FRAC), OUT_FRAC)
     return np.moveaxis(p.reshape(moved.shape), -1, axis)
 
@@ -134,14 +134,20 @@ def _top_exponent(a: np.ndarray) -> int:
     return int(np.frexp(top)[1]) if top > 0 else 0
 
 
-def _norm_formats(x: np.ndarray, eps: float, extra: int) -> tuple[int, int]:
-    """(fx, eps_raw): the largest fx <= 40 with |x_raw| <= 2^30 and n (x^2 + eps) < 2^61."""
-    n = x.shape[-1]
-    room = (61 - int(n).bit_length() - extra) // 2  # bits for |x_raw| so sum x^2 < 2^(61-extra)
-    fx = min(40, min(30, room) - _top_exponent(x))
+def _norm_formats(x: np.ndarray, eps: float, eps_count: int) -> tuple[int, int, int]:
+    """(fx, acc_shift, eps_raw) for the norm kernels.
+
+    x gets 30 significant bits (|x_raw| < 2^30); acc_shift is the least k for which the rounded
+    sum of squares / 2^k and eps_count * eps_raw each stay below 2^60, so their sum fits int64.
+    (These are format choices, so estimating the sum in float64 with a factor-2 margin is fine.)
+    """
+    fx = 30 - _top_exponent(x)
+    rows = x.reshape(-1, x.shape[-1])
+    biggest = 2.0 * float(np.max(np.sum(np.ldexp(rows, fx) ** 2, axis=-1))) + 1.0
+    k = max(0, int(np.ceil(np.log2(biggest))) - 60)
     if eps > 0:
-        fx = min(fx, int(np.floor((60 - np.log2(n * eps)) / 2)))
-    return fx, int(quantize(np.float64(eps), 2 * fx))
+        k = max(k, int(np.ceil(2 * fx + np.log2(eps_count * eps))) - 60)
+    return fx, k, int(quantize(np.float64(eps), 2 * fx - k))
 
 
 def _rows(x: object, name: str) -> np.ndarray:
@@ -154,9 +160,11 @@ def _rows(x: object, name: str) -> np.ndarray:
 def rmsnorm(x: object, w: object, eps: float) -> np.ndarray:
     """w * x / sqrt(mean(x^2) + eps) over the last axis, through the integer rmsnorm kernel.
 
-    x is quantised with the largest power-of-two scale (at most 2^40) that keeps |x_raw| <= 2^30
-    and sum x^2 + n eps below 2^62; w to |w_raw| <= 2^31; the output to |y_raw| < 2^38, the
-    bound's domain. eps must be finite and >= 0; w must have the last axis' length.
+    x is quantised with 30 significant bits (a power-of-two scale from its largest magnitude),
+    w to |w_raw| <= 2^31, the output to |y_raw| < 2^38 (the bound's domain); when the exact sum
+    of squares would not fit int64, the squares are rounded before summing (acc_shift), which
+    costs at most n / (4 acc) relative. eps must be finite and >= 0; w must have the length of
+    x's last axis. The result is accurate to about 2^-29 relative to the row's largest output.
     """
     a = _rows(x, "x")
     wv = _finite(w, "w")
@@ -165,23 +173,26 @@ def rmsnorm(x: object, w: object, eps: float) -> np.ndarray:
         raise ValueError(f"w: expected shape ({n},) to match x's last axis, got {wv.shape}")
     if not np.isfinite(eps) or eps < 0:
         raise ValueError(f"eps: expected a finite eps >= 0, got {eps!r}")
-    fx, eps_raw = _norm_formats(a, float(eps), extra=0)
+    fx, k, eps_raw = _norm_formats(a, float(eps), n)
     ew = _top_exponent(wv)
-    fw = min(40, 31 - ew)
+    fw = 31 - ew
     fy = 38 - (ew + (n.bit_length() + 1) // 2)  # |y| <= |w| sqrt(n)
     rows = np.ascontiguousarray(quantize(a.reshape(-1, n), fx))
-    y = _kernels().rmsnorm(rows, quantize(wv, fw), eps_raw, fx, fw, fy)
+    y = _kernels().rmsnorm(rows, quantize(wv, fw), eps_raw, fx, fw, fy, k)
     return value(y, fy).reshape(a.shape)
 
 
 def l2norm(x: object, eps: float = 1e-6) -> np.ndarray:
-    """x / sqrt(sum(x^2) + eps) over the last axis (K3's q, k normalisation), output Q0.31."""
+    """x / sqrt(sum(x^2) + eps) over the last axis (K3's q, k normalisation), output Q0.31.
+
+    Formats as in rmsnorm: x with 30 significant bits, squares rounded before the sum only when
+    the exact sum would not fit.
+    """
     a = _rows(x, "x")
     if not np.isfinite(eps) or eps < 0:
         raise ValueError(f"eps: expected a finite eps >= 0, got {eps!r}")
-    fx, eps_raw = _norm_formats(a, float(eps), extra=0)
+    fx, k, eps_raw = _norm_formats(a, float(eps), 1)  # eps is added once, not n times
     n = a.shape[-1]
     rows = np.ascontiguousarray(quantize(a.reshape(-1, n), fx))
-    # sum x^2 + eps: the eps term is added once, so it is eps_raw, not n eps_raw
-    y = _kernels().l2norm(rows, eps_raw, fx, OUT_FRAC)
+    y = _kernels().l2norm(rows, eps_raw, fx, OUT_FRAC, k)
     return value(y, OUT_FRAC).reshape(a.shape)

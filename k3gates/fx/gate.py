@@ -482,7 +482,7 @@ def fx_norm(ctx: GateContext) -> None:
     _rsqrt_reference(ctx, k, rng)
     x, w, eps_raw = _norm_rows(rng)
     eps = ref.value(np.int64(eps_raw), 2 * NORM_FX)
-    y = k.rmsnorm(x, w, eps_raw, NORM_FX, NORM_FW, NORM_FY)
+    y = k.rmsnorm(x, w, eps_raw, NORM_FX, NORM_FW, NORM_FY, 0)
     ctx.check_reference(
         "rmsnorm",
         "w·x·rsqrt(mean(x^2) + eps) per row is within the declared bound of the float64 value",
@@ -495,7 +495,7 @@ def fx_norm(ctx: GateContext) -> None:
         domain=f"dense grid: {x.shape[0]} rows × {x.shape[1]} (2^20 values), row scales "
         "2^-10..2^3, plus zero and one-hot rows",
     )
-    z = k.l2norm(x, eps_raw, NORM_FX, 31)
+    z = k.l2norm(x, eps_raw, NORM_FX, 31, 0)
     ctx.check_reference(
         "l2norm",
         "x·rsqrt(sum(x^2) + eps) per row is within the declared bound of the float64 value",
@@ -507,25 +507,50 @@ def fx_norm(ctx: GateContext) -> None:
         output_format="Q0.31",
         domain=f"dense grid: {x.shape[0]} rows × {x.shape[1]} (2^20 values), as rmsnorm",
     )
+    _check_acc_shift(ctx, k, x, w)
     half = np.ascontiguousarray(x[1:][np.abs(x[1:]).max(axis=1) <= 50 << NORM_FX])  # 2x fits
-    y2 = k.rmsnorm(2 * half, w, 0, NORM_FX, NORM_FW, NORM_FY)
+    y2 = k.rmsnorm(2 * half, w, 0, NORM_FX, NORM_FW, NORM_FY, 0)
     ctx.check(
         "rmsnorm_scale_invariant",
         "at eps = 0, RMSNorm(2x) = RMSNorm(x) bit for bit (the mean square is normalised exactly)",
-        bool(np.array_equal(y2, k.rmsnorm(half, w, 0, NORM_FX, NORM_FW, NORM_FY))),
+        bool(np.array_equal(y2, k.rmsnorm(half, w, 0, NORM_FX, NORM_FW, NORM_FY, 0))),
         rows=int(half.shape[0]),
     )
-    check_compiled(ctx, "compiled_rmsnorm", "rmsnorm", x[:6], w, eps_raw, NORM_FX, NORM_FW, NORM_FY)
-    check_compiled(ctx, "compiled_l2norm", "l2norm", x[:6], eps_raw, NORM_FX, 31)
+    check_compiled(
+        ctx, "compiled_rmsnorm", "rmsnorm", x[:6], w, eps_raw, NORM_FX, NORM_FW, NORM_FY, 8
+    )
+    check_compiled(ctx, "compiled_l2norm", "l2norm", x[:6], eps_raw, NORM_FX, 31, 8)
     check_shuffled(
         ctx,
         "deterministic",
-        lambda v: k.rmsnorm(v, w, eps_raw, NORM_FX, NORM_FW, NORM_FY),
+        lambda v: k.rmsnorm(v, w, eps_raw, NORM_FX, NORM_FW, NORM_FY, 0),
         x,
         "RMSNorm",
     )
     worst = max(c.measured for c in ctx.checks if c.kind == "reference")
     ctx.evidence(f"rsqrt, RMSNorm and L2 norm within {worst:.4f} output LSB over 2^24 points")
+
+
+def _check_acc_shift(ctx: GateContext, k, x: np.ndarray, w: np.ndarray, shift: int = 8) -> None:
+    """With squares rounded to Q.(2fx - 8) before the sum, every output stays within the
+    docstring's widened bound B + |y_raw| n / (4 acc), acc being the rounded sum."""
+    eps_raw = round(1e-6 * 2 ** (2 * NORM_FX - shift))
+    eps = ref.value(np.int64(eps_raw), 2 * NORM_FX - shift)
+    n = x.shape[1]
+    acc = ((x * x + (1 << (shift - 1))) >> shift).sum(axis=1, keepdims=True) + n * eps_raw
+    want = in_lsb(ref.rmsnorm(ref.value(x, NORM_FX), ref.value(w, NORM_FW), eps), NORM_FY)
+    got = raw(k.rmsnorm(x, w, eps_raw, NORM_FX, NORM_FW, NORM_FY, shift))
+    allowed = lsb(RMSNORM_MAX_ERR_LSB_Q10) + np.abs(want) * n / (4 * acc)
+    excess = float((np.abs(got - want) - allowed).max())
+    ctx.check(
+        "rmsnorm_acc_shift",
+        f"with acc_shift = {shift} (squares rounded before the sum, for rows whose exact sum "
+        "would not fit) every output is within 513/1024 + |y| n / (4 acc) LSB",
+        excess <= 0,
+        message=f"an output exceeds its allowance by {excess:g} LSB",
+        worst_excess_lsb=excess,
+        worst_extra_allowance_lsb=float((allowed - lsb(RMSNORM_MAX_ERR_LSB_Q10)).max()),
+    )
 
 
 def _rsqrt_reference(ctx: GateContext, k, rng: np.random.Generator) -> None:

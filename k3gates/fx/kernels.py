@@ -34,12 +34,13 @@ each docstring puts everything before it below 2^-11 LSB.
     silu_q           x, Q.frac                   Q.frac          |x_raw| <= 2^36          B
     rsqrt_q          x > 0, Q.frac_in            Q.frac_out      result < 2^40 raw        B
     softmax_row_q31  row, Q.frac, |x| < 2^61     Q0.31           n <= 2^20                B
-    rmsnorm_row      x Q.fx, w Q.fw (<= 2^31)    Q.fy            |y_raw| < 2^40           B
-    l2norm_row       x Q.fx (<= 2^31)            Q.fy            |y_raw| < 2^40           B
+    rmsnorm_row      x Q.fx, w Q.fw (<= 2^31)    Q.fy            |y_raw| < 2^40, exact    B
+    l2norm_row       x Q.fx (<= 2^31)            Q.fy            sum (acc_shift 0)        B
     sincos_q31       phase: 2^-bits turns        Q0.31 sin, cos  bits 1..62, any phase    B
 
     B = 513/1024 LSB of the output = 1/2 + 2^-10 (the constants *_MAX_ERR_LSB_Q10 below).
-    rmsnorm and l2norm also need sum x^2 + n eps < 2^62; softmax needs n < 2^31 not to overflow.
+    rmsnorm and l2norm also need sum x^2 / 2^acc_shift + n eps < 2^62 (acc_shift > 0 trades an
+    exact sum for range, adding |y_raw| n / (4 acc) LSB); softmax needs n < 2^31 not to overflow.
 
 gemmlowp's fixedpoint.h tolerances on Q0.31 outputs (the anchors): exp_on_negative_values 500,
 tanh 310, logistic 155, in units of 2^-31, i.e. in the LSB of exp_q31, tanh_q31, sigmoid_q31.
@@ -153,7 +154,7 @@ SIN_TAYLOR = (
     115532457973,
     740592679,
     3526632,
-    12965,
+    12966,
 )
 # COS_TAYLOR[k] = round(2**62 / (2k)!), k = 0..8: cos p = sum (-p^2)^k / (2k)!
 COS_TAYLOR = (
@@ -505,32 +506,44 @@ def softmax_row_q31(x, i, n, frac, out):
     return z
 
 
-def rms_rsqrt_row(x, i, n, eps, frac):
-    """1/sqrt(mean(x[i, :n]^2) + eps) as (h, e), value h 2^-e; x in Q.frac, eps in Q.(2 frac).
+def sum_squares_row(x, i, n, eps, acc_shift):
+    """n eps + sum_j x[i, j]^2 / 2^acc_shift, each square rounded (exact when acc_shift = 0).
 
-    sum x^2 + n eps is exact (the caller keeps it below 2^62); the mean is one long division
-    carried to 60..62 significant bits (relative error 2^-61), then rsqrt_norm. A zero row with
-    eps = 0 returns (0, 0), so its outputs are 0.
+    With acc_shift = k the squares are in Q.(2f - k), so a row whose exact sum would pass 2^62
+    still fits; each rounding moves the sum by at most 1/2, n/2 in all. The caller keeps the
+    result below 2^62 (|x| <= 2^31, so one square never overflows).
     """
     acc = n * eps
     for j in range(n):
         v = int(x[i, j])
-        acc += v * v
+        acc += rshift_round(v * v, acc_shift)
+    return acc
+
+
+def rms_rsqrt_row(x, i, n, eps, frac, acc_shift):
+    """1/sqrt(mean(x[i, :n]^2) + eps) as (h, e), value h 2^-e; x in Q.frac, eps in
+    Q.(2 frac - acc_shift).
+
+    The mean is one long division carried to 60..62 significant bits (relative error 2^-61),
+    then rsqrt_norm. A zero sum (zero row, eps = 0) returns (0, 0), so its outputs are 0.
+    """
+    acc = sum_squares_row(x, i, n, eps, acc_shift)
     if acc <= 0:
         return 0, 0
     s = max(0, 61 - bitlen(acc) + bitlen(n))
-    return rsqrt_norm(div_round_shift(acc, n, s), 2 * frac + s)
+    return rsqrt_norm(div_round_shift(acc, n, s), 2 * frac - acc_shift + s)
 
 
-def rmsnorm_row(x, i, w, eps, fx, fw, fy, out):
+def rmsnorm_row(x, i, w, eps, fx, fw, fy, acc_shift, out):
     """out[i] = w * x[i] * rsqrt(mean(x[i]^2) + eps) in Q.fy (K3-SPEC section 4, RMSNorm).
 
-    x in Q.fx, w in Q.fw, |x|, |w| <= 2^31; eps in Q.(2 fx); sum x^2 + n eps < 2^62.
-    One rounding per output of x w h / 2^(e + fx + fw - fy). Error <= 1/2 + |y_raw| 2^-59 LSB:
-    below RMSNORM_MAX_ERR for |y_raw| < 2^40.
+    x in Q.fx, w in Q.fw, |x|, |w| <= 2^31; eps in Q.(2 fx - acc_shift); the sum of squares
+    (sum_squares_row) below 2^62. One rounding per output of x w h / 2^(e + fx + fw - fy).
+    Error <= 1/2 + |y_raw| 2^-59 LSB, below RMSNORM_MAX_ERR for |y_raw| < 2^40, with an exact
+    sum (acc_shift = 0); acc_shift > 0 adds |y_raw| n / (4 acc) LSB (acc the rounded sum).
     """
     n = x.shape[1]
-    h, e = rms_rsqrt_row(x, i, n, eps, fx)
+    h, e = rms_rsqrt_row(x, i, n, eps, fx, acc_shift)
     s = e + fx + fw - fy
     for j in range(n):
         p = int(x[i, j]) * int(w[j])
@@ -538,21 +551,19 @@ def rmsnorm_row(x, i, w, eps, fx, fw, fy, out):
     return s
 
 
-def l2norm_row(x, i, eps, fx, fy, out):
+def l2norm_row(x, i, eps, fx, fy, acc_shift, out):
     """out[i] = x[i] * rsqrt(sum(x[i]^2) + eps) in Q.fy (K3-SPEC section 1: q, k L2-normalised).
 
-    x in Q.fx, |x| <= 2^31; eps in Q.(2 fx); sum x^2 + eps < 2^62. Error <= 1/2 + |y_raw| 2^-59
-    LSB: below L2NORM_MAX_ERR for |y_raw| < 2^40 (so for fy <= 39).
+    x in Q.fx, |x| <= 2^31; eps in Q.(2 fx - acc_shift); the sum below 2^62. Error <= 1/2 +
+    |y_raw| 2^-59 LSB: below L2NORM_MAX_ERR for |y_raw| < 2^40 (fy <= 39) with acc_shift = 0;
+    acc_shift > 0 adds |y_raw| n / (4 acc) LSB, as in rmsnorm_row.
     """
     n = x.shape[1]
-    acc = eps
-    for j in range(n):
-        v = int(x[i, j])
-        acc += v * v
+    acc = sum_squares_row(x, i, n, 0, acc_shift) + eps
     h = 0
     e = 0
     if acc > 0:
-        h, e = rsqrt_norm(acc, 2 * fx)
+        h, e = rsqrt_norm(acc, 2 * fx - acc_shift)
     s = e + fx - fy
     for j in range(n):
         out[i, j] = 0 if s > 124 or h == 0 else mul_round(int(x[i, j]), h, max(s, 0))
@@ -732,23 +743,23 @@ def softmax_q31(x, frac):
     return out
 
 
-# pythran export rmsnorm(int64[:,:] order(C), int64[:], int64, int64, int64, int64)
-def rmsnorm(x, w, eps, fx, fw, fy):
+# pythran export rmsnorm(int64[:,:] order(C), int64[:], int64, int64, int64, int64, int64)
+def rmsnorm(x, w, eps, fx, fw, fy, acc_shift):
     """RMSNorm of each row (see rmsnorm_row)."""
     out = np.zeros((x.shape[0], x.shape[1]), dtype=np.int64)
     # omp parallel for
     for i in range(x.shape[0]):
-        rmsnorm_row(x, i, w, eps, fx, fw, fy, out)
+        rmsnorm_row(x, i, w, eps, fx, fw, fy, acc_shift, out)
     return out
 
 
-# pythran export l2norm(int64[:,:] order(C), int64, int64, int64)
-def l2norm(x, eps, fx, fy):
+# pythran export l2norm(int64[:,:] order(C), int64, int64, int64, int64)
+def l2norm(x, eps, fx, fy, acc_shift):
     """L2 normalisation of each row (see l2norm_row)."""
     out = np.zeros((x.shape[0], x.shape[1]), dtype=np.int64)
     # omp parallel for
     for i in range(x.shape[0]):
-        l2norm_row(x, i, eps, fx, fy, out)
+        l2norm_row(x, i, eps, fx, fy, acc_shift, out)
     return out
 
 
