@@ -61,7 +61,7 @@ CORE_CHECKS += ("narrow_int32", "isqrt_exhaustive", "isqrt_edges")
     "fx_core",
     innovation=None,
     level="HAVE",
-    kernels=[KERNELS],
+    kernels=["k3gates.fx.kernels"],
     bounds={name: lsb(EXACT_LSB_Q10) for name in CORE_CHECKS},
     timeout=240,
 )
@@ -259,7 +259,7 @@ def _check_core_compiled(ctx: GateContext, x: np.ndarray) -> None:
     "fx_exp",
     innovation=None,
     level="HAVE",
-    kernels=[KERNELS],
+    kernels=["k3gates.fx.kernels"],
     bounds={"exp_q16": lsb(EXP_MAX_ERR_LSB_Q10), "exp_q50": lsb(EXP_MAX_ERR_LSB_Q10)},
     timeout=180,
 )
@@ -325,7 +325,7 @@ LOGISTIC_CHECKS = {
     "fx_logistic",
     innovation=None,
     level="HAVE",
-    kernels=[KERNELS],
+    kernels=["k3gates.fx.kernels"],
     bounds={name: lsb(q10) for name, q10 in LOGISTIC_CHECKS.items()},
     timeout=240,
 )
@@ -471,7 +471,7 @@ NORM_FX, NORM_FW, NORM_FY = 20, 28, 30  # x in Q.20 (|x| <= 100), w in Q.28, RMS
     "fx_norm",
     innovation=None,
     level="HAVE",
-    kernels=[KERNELS],
+    kernels=["k3gates.fx.kernels"],
     bounds={name: lsb(q10) for name, q10 in NORM_CHECKS.items()},
     timeout=180,
 )
@@ -628,7 +628,7 @@ SOFTMAX_FRAC = 24
     "fx_softmax",
     innovation=None,
     level="HAVE",
-    kernels=[KERNELS],
+    kernels=["k3gates.fx.kernels"],
     bounds={
         "softmax_rows": lsb(SOFTMAX_MAX_ERR_LSB_Q10),
         "softmax_long": lsb(SOFTMAX_MAX_ERR_LSB_Q10),
@@ -715,7 +715,7 @@ def _softmax_properties(ctx: GateContext, k, x: np.ndarray, p: np.ndarray, pl: n
     "fx_sincos",
     innovation=None,
     level="HAVE",
-    kernels=[KERNELS],
+    kernels=["k3gates.fx.kernels"],
     bounds={
         name: lsb(SINCOS_MAX_ERR_LSB_Q10) for name in ("sin_q22", "cos_q22", "sin_q40", "cos_q40")
     },

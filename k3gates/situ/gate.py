@@ -66,7 +66,7 @@ def tails() -> tuple[np.ndarray, np.ndarray]:
     "situ_pieces",
     innovation="situ",
     level="PARTIAL",
-    kernels=[KERNELS],
+    kernels=["k3gates.situ.kernels"],
     bounds={
         "beta_tanh_4": lsb(BETA_TANH_MAX_ERR_LSB_Q10),
         "beta_tanh_25": lsb(BETA_TANH_MAX_ERR_LSB_Q10),
@@ -138,7 +138,7 @@ def situ_pieces(ctx: GateContext) -> None:
     "situ_forward",
     innovation="situ",
     level="HAVE",
-    kernels=[KERNELS],
+    kernels=["k3gates.situ.kernels"],
     bounds={name: lsb(SITU_MAX_ERR_LSB_Q10) for name in ("situ_grid", "situ_random", "situ_tails")},
     timeout=240,
 )
@@ -256,7 +256,7 @@ GRAD_CHECKS = ("dg_unit", "du_unit", "dg_random", "du_random")
     "situ_backward",
     innovation="situ",
     level="STRONG",
-    kernels=[KERNELS],
+    kernels=["k3gates.situ.kernels"],
     bounds={name: lsb(SITU_GRAD_MAX_ERR_LSB_Q10) for name in GRAD_CHECKS}
     | {"fd_dg": ref.FD_MAX_ERR, "fd_du": ref.FD_MAX_ERR},
     timeout=240,
@@ -406,7 +406,7 @@ def _train(k, d: dict[str, np.ndarray], order: np.ndarray, steps: int = STEPS) -
     "situ_training",
     innovation="situ",
     level="PROVEN",
-    kernels=[KERNELS],
+    kernels=["k3gates.situ.kernels"],
     bounds={"loss_curve": CURVE_MAX_DIFF},
     timeout=300,
 )
