@@ -1,8 +1,10 @@
-"""`python -m k3gates census`: query the live census from the terminal.
+"""`python -m k3gates`: query the live census, or run gates, from the terminal.
 
 python -m k3gates census               the table of the last published build
 python -m k3gates census --json        the same census.json the site serves
 python -m k3gates census --site DIR    another build's folder
+python -m k3gates run GATE|INNOVATION  compile what those gates need, run them, print every check
+                                       (a gate author's loop: no site is rendered or published)
 """
 
 from __future__ import annotations
@@ -61,13 +63,66 @@ def table(census: dict[str, Any], width: int) -> str:
     return "\n".join(lines)
 
 
+def _check_line(c: dict[str, Any]) -> str:
+    mark = "ok  " if c["passed"] else "FAIL"
+    figure = ""
+    if c.get("bound") is not None:
+        figure = f"  {c['measured']:.6g} <= {c['bound']:.6g} {c.get('unit', '')}".rstrip()
+    why = f"  -- {c['message'][:200]}" if c.get("message") else ""
+    return f"    {mark} {c['name']}{figure}{why}"
+
+
+def run(names: list[str], jobs: int) -> int:
+    """Compile the kernels the named gates (or every gate of a named innovation) declare, run
+    them afresh in their own processes, and print each check. Exit 1 if any gate fails."""
+    from . import compile as kcompile
+    from . import runner
+    from .discover import GatePackage, discover_gates, kernel_modules
+    from .registry import UnknownInnovation, canonical
+
+    pkg = GatePackage(Path(__file__).resolve().parent)
+    sites = discover_gates([pkg])
+    chosen = []
+    for name in names:
+        try:
+            inno = canonical(name)
+        except UnknownInnovation:
+            inno = None
+        picked = [g for g in sites if g.id == name or (inno and g.innovation == inno)]
+        if name in ("fx", "foundations"):
+            picked = [g for g in sites if g.innovation is None]
+        if not picked:
+            raise SystemExit(f"no gate or innovation named {name!r}")
+        chosen += [g for g in picked if g not in chosen]
+    modules = sorted({m for g in chosen for m in (g.kernels or ())})
+    if any(g.kernels is None for g in chosen):
+        modules = kernel_modules([pkg])
+    for m in modules:
+        c = kcompile.ensure(m)
+        how = "reused" if c.reused else f"compiled in {c.seconds:.1f} s"
+        print(f"compile: {m} {'FAILED: ' + c.error.splitlines()[0] if c.error else how}")
+    results = runner.run_gates(chosen, jobs=jobs, reuse=False)
+    for r in results:
+        print(f"gate {r['id']} ({r['innovation']}, {r['level']}): {r['status']}, {r['seconds']} s")
+        if r.get("error"):
+            print("    " + str(r["error"]).replace("\n", "\n    "))
+        for c in r.get("checks", []):
+            print(_check_line(c))
+    return 0 if all(r["passed"] for r in results) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m k3gates", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("census", help="print the census of the last published build")
     c.add_argument("--json", action="store_true", help="print census.json as it is served")
     c.add_argument("--site", type=Path, default=DEFAULT_SITE, help="a published site folder")
+    r = sub.add_parser("run", help="compile and run gates, printing every check")
+    r.add_argument("names", nargs="+", metavar="GATE|INNOVATION")
+    r.add_argument("--jobs", "-j", type=int, default=2)
     args = p.parse_args(argv)
+    if args.command == "run":
+        return run(args.names, max(1, args.jobs))
     census = load(args.site)
     if args.json:
         print(json.dumps(census, indent=1))

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,10 @@ from types import ModuleType
 # -O3 and -march=native let gcc vectorise the int64 loops; -fopenmp enables `#omp parallel for`.
 PYTHRAN_FLAGS = ("-O3", "-march=native", "-fopenmp", "-w")
 COMPILE_TIMEOUT_S = 1800  # the largest kernel module compiles in minutes, not hours
+# Pythran's type inference can make g++ template instantiation explode (a helper taking several
+# arrays it mutates once took 24 GiB). A cap turns that into a compile error naming the module
+# instead of the kernel's OOM killer taking the whole machine; good modules peak below 2 GiB.
+COMPILE_MEMORY_BYTES = 6 << 30
 NO_COMPILE_ENV = "K3GATES_NO_COMPILE"  # set in gate subprocesses: a cache miss there is a bug
 
 
@@ -244,7 +249,12 @@ def _run_pythran(modname: str, key: str) -> str | None:
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, cwd=scratch
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+            cwd=scratch,
+            preexec_fn=_limit_memory,
         )
         ok = proc.returncode == 0 and so.is_file()
         error = None if ok else _compiler_message(src, proc.stdout + proc.stderr)
@@ -269,7 +279,19 @@ def _run_pythran(modname: str, key: str) -> str | None:
     return error
 
 
+def _limit_memory() -> None:
+    """In the compiler's process, before exec: cap its address space (and its children's)."""
+    resource.setrlimit(resource.RLIMIT_AS, (COMPILE_MEMORY_BYTES, COMPILE_MEMORY_BYTES))
+
+
 def _compiler_message(src: Path, output: str) -> str:
+    if "memory exhausted" in output or "Cannot allocate memory" in output:
+        gib = COMPILE_MEMORY_BYTES >> 30
+        return (
+            f"{src}: pythran failed: the C++ compiler ran out of its {gib} GiB memory cap "
+            "(Pythran's type inference exploded; a helper that takes several arrays it mutates "
+            "is the usual cause: inline it, or pass scalars)"
+        )
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
     if any(ln.startswith("Traceback") for ln in lines):
         headline = lines[-1]  # Pythran itself crashed: the exception is the last line
