@@ -46,7 +46,7 @@ gemmlowp's fixedpoint.h tolerances on Q0.31 outputs (the anchors): exp_on_negati
 tanh 310, logistic 155, in units of 2^-31, i.e. in the LSB of exp_q31, tanh_q31, sigmoid_q31.
 
 Constants are written as raw integers beside the real expression they encode; tests/
-test_fx_constants.py recomputes each one to 100 digits.
+test_fx_constants.py recomputes each one to 80 digits.
 """
 
 import numpy as np
@@ -278,6 +278,7 @@ def div_round_shift(n, d, s):
     r = n - q * d
     room = 62 - bitlen(d)
     left = s
+    # long division, c bits at a time: q <- q 2^c + (r 2^c) // d, r <- (r 2^c) % d
     while left > 0:
         c = min(left, room)
         r <<= c
@@ -299,6 +300,7 @@ def isqrt(n):
     if n < 2:
         return max(n, 0)
     x = 1 << ((bitlen(n) + 1) >> 1)
+    # x <- (x + n // x) // 2 until it stops decreasing
     while True:
         y = (x + n // x) >> 1
         if y >= x:
@@ -314,6 +316,7 @@ def recip_q62(m):
     of rounding, so |h - 1/(2m)| <= 2^-60.5. h is clamped to 2^62 (rounding overshoot at m = 1/2).
     """
     h = RECIP_INIT_A - mul_q62(RECIP_INIT_B, m)
+    # h <- h + h (1 - 2 m h)
     for _ in range(4):
         w = mul_q62(m, h)  # m h ~ 1/2; the relative error eps = 1 - 2 m h
         h = min(h + mul_q62(h, ONE_Q62 - 2 * w), ONE_Q62)
@@ -451,6 +454,7 @@ def rsqrt_norm(x, frac):
         sh -= 1
     y = x << sh if sh >= 0 else rshift_round(x, -sh)
     h = RSQRT_INIT_A - mul_q62(RSQRT_INIT_B, y)
+    # h <- h + h (1/2 - 2 y h^2)
     for _ in range(5):
         q = mul_q62(y, mul_q62(h, h))  # y h^2 ~ 1/4
         h = min(h + mul_q62(h, HALF_Q62 - 2 * q), ONE_Q62)
@@ -484,6 +488,7 @@ def softmax_row_q31(x, i, n, frac, out):
     (2 * 2^-54 + n 2^-63 + 2^-60) LSB: below SOFTMAX_MAX_ERR for n <= 2^20.
     """
     m = int(x[i, 0])
+    # m = max_j x_j
     for j in range(1, n):
         m = max(m, int(x[i, j]))
     hi = 0
@@ -514,6 +519,7 @@ def sum_squares_row(x, i, n, eps, acc_shift):
     result below 2^62 (|x| <= 2^31, so one square never overflows).
     """
     acc = n * eps
+    # acc = n eps + sum_j round(x_j^2 / 2^acc_shift)
     for j in range(n):
         v = int(x[i, j])
         acc += rshift_round(v * v, acc_shift)
@@ -545,6 +551,7 @@ def rmsnorm_row(x, i, w, eps, fx, fw, fy, acc_shift, out):
     n = x.shape[1]
     h, e = rms_rsqrt_row(x, i, n, eps, fx, acc_shift)
     s = e + fx + fw - fy
+    # y_j = x_j w_j h / 2^s
     for j in range(n):
         p = int(x[i, j]) * int(w[j])
         out[i, j] = 0 if s > 124 or h == 0 else mul_round(p, h, max(s, 0))
@@ -565,6 +572,7 @@ def l2norm_row(x, i, eps, fx, fy, acc_shift, out):
     if acc > 0:
         h, e = rsqrt_norm(acc, 2 * fx - acc_shift)
     s = e + fx - fy
+    # y_j = x_j h / 2^s
     for j in range(n):
         out[i, j] = 0 if s > 124 or h == 0 else mul_round(int(x[i, j]), h, max(s, 0))
     return s

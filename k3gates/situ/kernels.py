@@ -188,6 +188,7 @@ def _forward_sample(x, n, w1, w3, w2, tg, sg, tu, act):
     beta = SITU_BETA  # (a global passed as an argument upsets Pythran's constness analysis)
     beta_lin = SITU_BETA_LIN
     acc_y = 0
+    # y_hat = sum_j w2_j SiTU-GLU(g_j, u_j)
     for j in range(h):
         # g = w1 x, u = w3 x in Q.24 (Q.48 products, one rounding)
         acc_g = 0
@@ -213,6 +214,7 @@ def _backward_sample(x, n, e, w2, tg, sg, tu, act, g1, g3, g2):
     """
     beta = SITU_BETA
     beta_lin = SITU_BETA_LIN
+    # dw2_j += e a_j;  (dg_j, du_j) = situ_grad(e w2_j);  dw1_jk += dg_j x_k;  dw3_jk += du_j x_k
     for j in range(w2.shape[0]):
         g2[j] += mul_round(e, int(act[j]), 2 * TRAIN_FRAC - GRAD_FRAC)
         da = rshift_round(e * int(w2[j]), TRAIN_FRAC)
@@ -227,6 +229,7 @@ def _sgd_update(w, grad, lr_num, lr_shift):
     """w <- saturate(w - lr grad) in place, lr = lr_num / 2^lr_shift; returns how many
     weights saturated. grad is Q.32, so the step is grad lr_num / 2^(lr_shift + 8)."""
     count = 0
+    # w_i <- saturate(w_i - lr grad_i)
     for i in range(w.shape[0]):
         v = int(w[i]) - mul_round(int(grad[i]), lr_num, lr_shift + GRAD_FRAC - TRAIN_FRAC)
         c = saturate(v, WEIGHT_BITS)
