@@ -285,9 +285,20 @@ def curl(server: Server, path: str, *args: str) -> subprocess.CompletedProcess[s
 
 
 def s_client(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
-    """`openssl s_client` against the server: one handshake, then EOF on stdin."""
+    """`openssl s_client` against the server: one handshake, then EOF on stdin.
+
+    After an h2 handshake the server's binary SETTINGS frame may reach stdout, so the
+    output is decoded with replacement rather than strictly.
+    """
     command = [require_tool("openssl"), "s_client", "-connect", f"127.0.0.1:{server.port}"]
     command += ["-servername", "localhost", "-CAfile", str(server.ca), *args]
     return subprocess.run(
-        command, input="", capture_output=True, text=True, timeout=30, check=False
+        command,
+        input="",
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=30,
+        check=False,
     )
