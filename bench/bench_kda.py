@@ -12,6 +12,10 @@ At T = 1024 tokens, H = 4 heads, d_k = d_v = 64 (issue 4's figures are at this s
   The recurrence does 4 d_k d_v multiply-adds per head and token (decay, S^T k, the k w^T update,
   S^T q); that count, not the instructions executed, is the "achieved" figure.
 Threads: one OpenMP thread, then two (heads run in parallel; this machine has 2 cores).
+
+Then the 2^20-token runs of the longctx_1m gate, at its shapes, timed once each: the KDA layer
+(H = 2, d = 32, sixteen calls of 2^16 tokens with the state carried) and one MLA decode query over
+a 2^20-row latent cache.
 """
 
 from __future__ import annotations
@@ -120,6 +124,30 @@ def interpreted_ratio() -> None:
     print(f"compiled vs interpreted (8 tokens): {t_i / t_c:,.0f}x")
 
 
+def long_runs() -> None:
+    """The longctx_1m gate's 2^20-token workloads, with the gate's own input generators."""
+    from k3gates.longctx import gate as lg
+
+    kda = kcompile.load("k3gates.kda.kernels")
+    mla = kcompile.load("k3gates.mla.kernels")
+    t0 = time.perf_counter()
+    run = lg._kda_run(kda, 1, None)
+    t_kda = time.perf_counter() - t0
+    m = lg._mla_cache(np.random.default_rng(1))
+    args = (m["q"], 0, m["c_kv"], m["k_r"], lg.LONG, m["w_uk"], m["w_uv"])
+    mla.mla_decode_attend(*args)
+    t_mla = best_of(lambda: mla.mla_decode_attend(*args), 3)
+    print("2^20 tokens, the longctx_1m gate's shapes (both cores):")
+    print(
+        f"  KDA layer H={lg.KDA_H}, d={lg.KDA_D}: {lg.LONG / t_kda:,.0f} tokens/s "
+        f"({t_kda:.1f} s for 2^20, inputs drawn inside the loop; saturations {run['sat']})"
+    )
+    print(
+        f"  MLA decode over a 2^20-row cache (H={lg.MLA_H}, kv_lora={lg.MLA_KV}): "
+        f"{lg.LONG / t_mla:,.0f} cached rows/s ({t_mla:.2f} s per query)"
+    )
+
+
 def main() -> None:
     if os.environ.get("OMP_NUM_THREADS"):
         run(int(os.environ["OMP_NUM_THREADS"]))
@@ -128,6 +156,7 @@ def main() -> None:
     for threads in (1, 2):  # OpenMP reads the count once per process: one child per count
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         subprocess.run([sys.executable, __file__], env=env, check=True)
+    long_runs()
 
 
 if __name__ == "__main__":
