@@ -714,12 +714,16 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
 
 def _kernel_sources(g: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
+    seen: set[str] = set()  # kernels sharing a dependency (fx) list it once; line ids stay unique
     for modname in g.get("kernels") or []:
         try:
             deps = kcompile.dependencies(modname)
         except kcompile.CompileError:
             continue
         for name, path in deps.items():
+            if name in seen:
+                continue
+            seen.add(name)
             lines = path.read_text(encoding="utf-8").splitlines()
             out.append({"module": name, "path": _rel(str(path)), "lines": lines})
     return out
