@@ -56,21 +56,33 @@ def test_every_gate_of_the_project_passes(built_site: BuildRun):
     assert not failed
 
 
-def test_liar_killed_claims_are_struck_through_with_the_reason(built_site: BuildRun):
-    c = built_site.census
-    index = (built_site.out / "index.html").read_text()
+def test_liar_killed_claims_are_struck_through_with_the_reason(
+    built_site: BuildRun, build, tmp_path: Path
+):
+    """Every innovation claims PROVEN in a copy of the content: each claim above the level its
+    gates reached is killed, struck through with the reason, and only those."""
+    content = _content_copy(tmp_path)
+    for md in (content / "innovations").glob("*.md"):
+        _edit(md, r'claim = "\w+"', 'claim = "PROVEN"')
+    run = build(tmp_path / "public", "--content", str(content))
+    assert run.returncode == 0, run.stderr
+    c = run.census
+    index = (run.out / "index.html").read_text()
     killed = [r for r in c["innovations"] if r["killed"]]
-    # a claim above the proven level is killed, and only such a claim
     for r in c["innovations"]:
-        levels = ["GAP", "PARTIAL", "HAVE", "STRONG", "PROVEN"]
-        assert r["killed"] == (levels.index(r["claim"]) > r["score"]), r["id"]
-    assert killed, "the starting claims include GAP-level innovations claimed higher"
+        assert r["claim"] == "PROVEN"
+        assert r["killed"] == (r["score"] < 4), r["id"]
+    assert killed, "multimodal has no gate, so its PROVEN claim must be killed"
     for r in killed:
         row = re.search(rf'<tr id="row-{r["id"]}".*?</tr>', index, re.S).group(0)
-        assert f"<s>{r['claim']}</s>" in row
+        assert "<s>PROVEN</s>" in row
         assert r["kill_reason"].split(":")[0] in row
-        page = (built_site.out / "innovations" / r["id"] / "index.html").read_text()
-        assert "Liar-killed" in page and f"<s>{r['claim']}</s>" in page
+        page = (run.out / "innovations" / r["id"] / "index.html").read_text()
+        assert "Liar-killed" in page and "<s>PROVEN</s>" in page
+    # the real content's claims obey the same rule
+    levels = ["GAP", "PARTIAL", "HAVE", "STRONG", "PROVEN"]
+    for r in built_site.census["innovations"]:
+        assert r["killed"] == (levels.index(r["claim"]) > r["score"]), r["id"]
 
 
 def test_second_build_with_nothing_changed_compiles_nothing(built_site: BuildRun, build):
@@ -88,13 +100,18 @@ def _content_copy(tmp_path: Path) -> Path:
     return dst
 
 
+def _edit(path: Path, pattern: str, replacement: str) -> None:
+    """Rewrite the one front-matter line matching `pattern`; a no-op edit would hide the test."""
+    text, n = re.subn(pattern, replacement, path.read_text(), count=1)
+    assert n == 1, f"{path.name}: no line matches {pattern!r}"
+    path.write_text(text)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
         (
-            lambda d: (d / "innovations" / "kda.md").write_text(
-                (d / "innovations" / "kda.md").read_text().replace('id = "kda"', 'id = "kdaa"')
-            ),
+            lambda d: _edit(d / "innovations" / "kda.md", r'id = "kda"', 'id = "kdaa"'),
             r"innovations/kda\.md:2: unknown innovation 'kdaa'",
         ),
         (
@@ -105,11 +122,7 @@ def _content_copy(tmp_path: Path) -> Path:
             r"which .*/mxfp\.md already",
         ),
         (
-            lambda d: (d / "innovations" / "situ.md").write_text(
-                (d / "innovations" / "situ.md")
-                .read_text()
-                .replace('claim = "PARTIAL"', "claim = PARTIAL")
-            ),
+            lambda d: _edit(d / "innovations" / "situ.md", r'claim = "(\w+)"', r"claim = \1"),
             r"innovations/situ\.md:\d+: front matter is not valid TOML",
         ),
         (
@@ -117,11 +130,7 @@ def _content_copy(tmp_path: Path) -> Path:
             r"innovations/attnres\.md:1: no front matter; the file must start with a `\+\+\+` line",
         ),
         (
-            lambda d: (d / "innovations" / "longctx.md").write_text(
-                (d / "innovations" / "longctx.md")
-                .read_text()
-                .replace('claim = "GAP"', 'claim = "HAV"')
-            ),
+            lambda d: _edit(d / "innovations" / "longctx.md", r'claim = "\w+"', 'claim = "HAV"'),
             r"innovations/longctx\.md:4: `claim`: unknown level 'HAV'",
         ),
     ],
