@@ -57,12 +57,21 @@ def cache_root() -> Path:
 
 
 def source_path(modname: str) -> Path:
-    """The `.py` file of a dotted module name, found on sys.path without importing it."""
+    """The `.py` file of a dotted module name, found without importing the module itself.
+
+    sys.path first; then the import system, which also knows packages installed in editable
+    mode through a path hook (no sys.path entry), imported from any working directory."""
     rel = Path(*modname.split(".")).with_suffix(".py")
     for entry in sys.path:
         candidate = Path(entry or ".") / rel
         if candidate.is_file():
             return candidate.resolve()
+    try:
+        spec = importlib.util.find_spec(modname)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        return Path(spec.origin).resolve()
     raise CompileError(f"{modname}: no source file {rel} on sys.path")
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -96,3 +99,32 @@ def test_no_compile_mode_refuses_a_cache_miss(pkg: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv(kc.NO_COMPILE_ENV, "1")
     with pytest.raises(kc.CompileError, match="not compiled for key"):
         kc.ensure("tpkg.lib.kernels")
+
+
+def test_source_is_found_through_an_import_hook_off_sys_path(pkg: Path, monkeypatch):
+    """An editable install can place a package behind a path hook with no sys.path entry; the
+    kernel source must still be found (it once raised "no source file ... on sys.path")."""
+    root = pkg.parent
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != root])
+
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "tpkg":
+                return None
+            return importlib.util.spec_from_file_location(
+                name, pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+            )
+
+    monkeypatch.setattr(sys, "meta_path", [Hook(), *sys.meta_path])
+    assert kc.source_path("tpkg.user.kernels") == (pkg / "user" / "kernels.py").resolve()
+    with pytest.raises(kc.CompileError, match=r"tpkg\.nope\.kernels: no source file"):
+        kc.source_path("tpkg.nope.kernels")
+
+
+def test_a_library_face_works_from_any_working_directory(tmp_path: Path):
+    code = "import k3gates.fx as fx; print(fx.sigmoid([0.0])[0])"
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stderr
+    assert abs(float(run.stdout) - 0.5) < 1e-6
