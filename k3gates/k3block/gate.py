@@ -484,9 +484,8 @@ def k3block_forward(ctx: GateContext) -> None:
     ctx.evidence(
         f"3 KDA + 1 Gated MLA layers with Block AttnRes and the LatentMoE FFN (T={T_BLOCK}, "
         f"D={D_BLOCK}) in integers: {sum(c.passed for c in refs)}/{len(refs)} stage checks "
-        "within their declared bounds of float64; holding: "
+        f"within their declared bounds of float64; properties holding {len(props)}/3: "
         + (", ".join(props) or "none")
-        + " of no_saturation, causal, deterministic"
     )
 
 
