@@ -47,8 +47,14 @@ def _results_dir() -> Path:
     return kcompile.cache_root() / "results"
 
 
+def _result_path(gate_id: str, gate_file: str) -> Path:
+    """One slot per gate per checkout: two clones sharing the cache do not evict each other."""
+    where = hashlib.sha256(gate_file.encode()).hexdigest()[:10]
+    return _results_dir() / f"{gate_id}-{where}.json"
+
+
 def _reusable(site: GateSite) -> dict[str, Any] | None:
-    path = _results_dir() / f"{site.id}.json"
+    path = _result_path(site.id, str(site.file))
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -160,7 +166,7 @@ def _store(result: dict[str, Any]) -> None:
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{result['id']}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(result))
-    os.replace(tmp, d / f"{result['id']}.json")
+    os.replace(tmp, _result_path(result["id"], result["file"]))
 
 
 def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:

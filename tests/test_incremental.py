@@ -11,10 +11,11 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_build
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +83,23 @@ def test_rebuild_does_only_what_the_change_needs(project: Path, session_cache: P
     assert counts(build(project, session_cache)) == (0, 0)
 
     # changing one kernel: exactly that module recompiles and only its gates re-run
-    kernel.write_text(kernel.read_text() + "\n# an edit that changes the content hash\n")
+    # (unique per run, so a cache kept across sessions with K3_TEST_CACHE has never seen it)
+    kernel.write_text(kernel.read_text() + f"\n# an edit that changes the hash {uuid.uuid4()}\n")
     changed = build(project, session_cache)
     assert counts(changed) == (1, 2)
     assert re.findall(r"compile: (\S+) compiled in", changed) == ["k3gates.mxfp.kernels"]
     ran = re.findall(r"gate: (\S+)\s+\S+\s+\(ran", changed)
     assert sorted(ran) == ["mxfp_decode", "mxfp_quantize"]
+
+
+def test_another_checkout_does_not_evict_this_ones_results(
+    project: Path, session_cache: Path, built_site
+):
+    """Two checkouts share one cache: the copy's gates running again (their gate file changed)
+    must leave the original checkout's stored results reusable."""
+    gate_file = project / "k3gates" / "mxfp" / "gate.py"
+    gate_file.write_text(gate_file.read_text() + "\n# an edit that makes the copy's gates run\n")
+    assert counts(build(project, session_cache))[1] == 2
+    again = run_build(built_site.out, cache=session_cache)
+    assert again.returncode == 0, again.stderr
+    assert re.search(r"gates ran 0, reused \d+", again.stdout), again.stdout
