@@ -489,6 +489,22 @@ def k3block_forward(ctx: GateContext) -> None:
     )
 
 
+def _kda_reals(pi: dict) -> dict[str, np.ndarray]:
+    """A KDA layer's integer weights as real numbers: A and dt_bias in kda's Q.24 (G_FRAC),
+    the rest in the glue's Q.16."""
+    gate_params = ("a_head", "dt_bias")
+    return {
+        name: value(np.asarray(v), KDA.G_FRAC if name in gate_params else K.GLUE_W_FRAC)
+        for name, v in pi.items()
+    }
+
+
+def _mla_reals(iw) -> dict[str, np.ndarray]:
+    """An MLA layer's integer weights (all Q.16, mla's W_FRAC) as real numbers."""
+    names = ("w_dq", "w_q_norm", "w_uq", "w_dkv", "w_kv_norm", "w_uk", "w_uv", "w_g", "w_o")
+    return {n: value(getattr(iw, n), MLA.W_FRAC) for n in names}
+
+
 def _reals(p: dict, frac: int) -> dict[str, np.ndarray]:
     return {name: value(np.asarray(a), frac) for name, a in p.items()}
 
@@ -557,8 +573,7 @@ def _layer_references(ctx: GateContext, layer: int, r: dict, p: dict) -> None:
 
 
 def _kda_references(ctx: GateContext, layer: int, a: dict, xn: np.ndarray, pi: dict) -> None:
-    p = {name: value(np.asarray(v), KDA.G_FRAC if name in ("a_head", "dt_bias") else 16)
-         for name, v in pi.items()}  # fmt: skip
+    p = _kda_reals(pi)
     x = value(xn, K.X_FRAC)
     t_len, hd = xn.shape[0], KDA_H * KDA_D
     shape = (t_len, KDA_H, KDA_D)
@@ -617,8 +632,7 @@ def _kda_references(ctx: GateContext, layer: int, a: dict, xn: np.ndarray, pi: d
 
 
 def _mla_references(ctx: GateContext, layer: int, a: dict, xn: np.ndarray, iw) -> None:
-    names = ("w_dq", "w_q_norm", "w_uq", "w_dkv", "w_kv_norm", "w_uk", "w_uv", "w_g", "w_o")
-    p = {n: value(getattr(iw, n), MLA.W_FRAC) for n in names}
+    p = _mla_reals(iw)
     x = value(xn, MLA.X_FRAC)
     kv = MLA_DIMS["kv_lora"]
     eps = value(np.int64(iw.eps), MLA.EPS_FRAC)
@@ -899,13 +913,9 @@ def _drift(ctx: GateContext, w: dict, rec: dict) -> None:
              "attn_norm_w": value(p["attn_norm_w"], 24), "ffn_norm_w": value(p["ffn_norm_w"], 24),
              "moe": _reals(p["moe"], MOE.W_FRAC)}  # fmt: skip
         if p["kind"] == 0:
-            q["kda"] = {n: value(np.asarray(v), 24 if n in ("a_head", "dt_bias") else 16)
-                        for n, v in p["kda"].items()}  # fmt: skip
+            q["kda"] = _kda_reals(p["kda"])
         else:
-            iw = p["mla"]
-            names = ("w_dq", "w_q_norm", "w_uq", "w_dkv", "w_kv_norm", "w_uk", "w_uv", "w_g",
-                     "w_o")  # fmt: skip
-            q["mla"] = {n: value(getattr(iw, n), 16) for n in names}
+            q["mla"] = _mla_reals(p["mla"])
         layers.append(q)
     cfg = {
         "block_size": BLOCK_SIZE, "eps": value(np.int64(EPS_RES), 48),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..attnres import reference as attnres_ref
+from ..fx.reference import l2norm, rmsnorm, sigmoid, silu
 from ..kda import reference as kda_ref
 from ..mla import reference as mla_ref
 from ..moe import reference as moe_ref
@@ -27,8 +28,8 @@ def attention_bytes(n_layers: int, mla: list[int], state: int, per_token: int, t
 
 # == the composed block (K3-SPEC sections 1-4), float64 =========================================
 # The block's own pieces are written here from the equations; the modules' float references
-# (each written from the same spec, independent of every kernel) supply KDA's recurrence and
-# gate, Gated MLA, the LatentMoE layer and AttnRes.
+# (each written from the same spec, independent of every kernel) supply the pointwise functions
+# and norms (fx), KDA's recurrence and gate, Gated MLA, the LatentMoE layer and AttnRes.
 
 
 def attnres_flow(n_layers: int, block_size: int) -> list[int]:
@@ -43,25 +44,6 @@ def attnres_flow(n_layers: int, block_size: int) -> list[int]:
             blocks += 1
         seen.append(blocks)
     return [*seen, blocks]
-
-
-def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """y = w x / sqrt(mean(x^2) + eps) over the last axis (K3-SPEC section 4)."""
-    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-
-
-def l2norm(x: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(sum(x^2) + eps) over the last axis (KDA's q and k, K3-SPEC section 1)."""
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x * sigmoid(x)
 
 
 def short_conv(u: np.ndarray, wc: np.ndarray) -> np.ndarray:
