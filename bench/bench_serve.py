@@ -8,6 +8,10 @@ there is no build) over TLS 1.3 on loopback:
     serve   python -m serve, --workers N (SO_REUSEPORT, each worker its own socket)
     serve1  python -m serve, one worker
     naive   hypercorn with its stock Config and an ASGI handler that reads the file per request
+    ceiling hypercorn answering every request with one constant response from memory (two
+            headers, no decisions), N processes on SO_REUSEPORT: the most any ASGI app served by
+            hypercorn can reach here, so serve / ceiling is what our app costs and
+            ceiling / nginx is how far the hypercorn design itself can go
     nginx   nginx, TLS 1.3 only, N worker processes, gzip_static, config written at run time
 
 Each run is bounded in count (--requests, at --connections concurrent connections) and in time
@@ -91,6 +95,34 @@ def naive_server(root: Path, port: int, cert: Path, key: Path) -> None:
     asyncio.run(serve(app, config, mode="asgi"))  # type: ignore[arg-type]
 
 
+def ceiling_server(root: Path, port: int, cert: Path, key: Path, workers: int) -> None:
+    """The least ASGI app: one response, built once. Each forked process has its own socket."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    body = (root / "index.html").read_bytes()
+    headers = [(b"content-type", b"text/html"), (b"content-length", str(len(body)).encode())]
+    start = {"type": "http.response.start", "status": 200, "headers": headers}
+    message = {"type": "http.response.body", "body": body}
+
+    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        if scope["type"] == "http":
+            await send(start)  # type: ignore[operator]
+            await send(message)  # type: ignore[operator]
+
+    for _ in range(workers - 1):
+        if os.fork() == 0:
+            break
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    config = Config()
+    config.bind = [f"fd://{sock.fileno()}"]
+    config.certfile, config.keyfile = str(cert), str(key)
+    config.accesslog = None
+    asyncio.run(serve(app, config, mode="asgi"))  # type: ignore[arg-type]
+
+
 # --- starting the targets ----------------------------------------------------------------
 
 
@@ -129,6 +161,17 @@ def start_naive(site: Path, state: Path) -> tuple[subprocess.Popen[bytes], int]:
     command = [sys.executable, __file__, "--naive-server", str(site), str(port), str(state)]
     process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.DEVNULL)
     wait_for_port(port, process)
+    return process, port
+
+
+def start_ceiling(site: Path, state: Path, workers: int) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    command = [sys.executable, __file__, "--ceiling-server", str(site), str(port), str(state)]
+    command.append(str(workers))
+    # Its own process group: stop() must reach the forked processes too.
+    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for_port(port, process)
+    time.sleep(0.5 * workers)  # every process has its socket in the SO_REUSEPORT group
     return process, port
 
 
@@ -184,7 +227,10 @@ def start_nginx(
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
+    if os.getpgid(process.pid) == process.pid:  # a group of its own: its forks go too
+        os.killpg(process.pid, signal.SIGTERM)
+    else:
+        process.send_signal(signal.SIGTERM)
     try:
         process.wait(20)
     except subprocess.TimeoutExpired:
@@ -313,7 +359,7 @@ def measure(
         used = [b - a for a, b in zip(before, after, strict=True)]
         share = ", ".join(f"{100 * u / max(1, sum(used)):.0f}%" for u in used)
         print(
-            f"  {name:7} {protocol}: {result.requests:6d} requests, {result.errors} errors, "
+            f"  {name:8}{protocol}: {result.requests:6d} requests, {result.errors} errors, "
             f"{result.rate:8.0f} req/s, p99 {result.p99_ms:7.1f} ms"
             + (f"  (worker CPU shares: {share})" if len(pids) > 1 else ""),
             flush=True,
@@ -328,10 +374,16 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--time-limit", type=int, default=120, help="seconds per run, at most")
     parser.add_argument("--naive-server", nargs=3, metavar=("ROOT", "PORT", "STATE"))
+    parser.add_argument("--ceiling-server", nargs=4, metavar=("ROOT", "PORT", "STATE", "N"))
     args = parser.parse_args()
     if args.naive_server:
         root, port, state = args.naive_server
         naive_server(Path(root), int(port), Path(state) / "leaf.pem", Path(state) / "leaf.key")
+        return 0
+    if args.ceiling_server:
+        root, port, state, workers = args.ceiling_server
+        cert, key = Path(state) / "leaf.pem", Path(state) / "leaf.key"
+        ceiling_server(Path(root), int(port), cert, key, int(workers))
         return 0
     for tool in ("wrk", "h2load"):
         if shutil.which(tool) is None:
@@ -353,6 +405,7 @@ def main() -> int:
             "serve": lambda: start_serve(site, state, args.workers),
             "serve1": lambda: start_serve(site, state, 1),
             "naive": lambda: start_naive(site, state),
+            "ceiling": lambda: start_ceiling(site, state, args.workers),
             "nginx": lambda: start_nginx(site, state, args.workers, tmp),
         }
         for target, start in starters.items():
@@ -372,15 +425,19 @@ def print_ratios(results: dict[tuple[str, str], Result], args: argparse.Namespac
     print(f"\nratios (serve = {args.workers} workers; req/s):")
     for protocol in ("h1", "h2"):
         serve = results[("serve", protocol)].rate
-        for other in ("serve1", "naive", "nginx"):
+        for other in ("serve1", "naive", "ceiling", "nginx"):
             rate = results[(other, protocol)].rate
-            print(
-                f"  {protocol}: serve / {other:6} = {serve / rate if rate else float('nan'):6.2f}"
-            )
+            print(f"  {protocol}: serve / {other:7} = {_ratio(serve, rate):6.2f}")
+        ceiling, nginx = results[("ceiling", protocol)].rate, results[("nginx", protocol)].rate
+        print(f"  {protocol}: ceiling / nginx = {_ratio(ceiling, nginx):6.2f}")
     clean = all(r.errors == 0 and r.requests >= args.requests for r in results.values())
     print(
         f"\nall runs reached {args.requests} requests with zero errors: {'yes' if clean else 'NO'}"
     )
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
 
 
 if __name__ == "__main__":
