@@ -50,11 +50,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="localhost",
         help="host name HTTP redirects point to; fixed, never taken from the request",
     )
-    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout, help="seconds")
-    p.add_argument("--read-timeout", type=float, default=d.read_timeout, help="seconds")
-    p.add_argument("--handshake-timeout", type=float, default=TLSSettings.handshake_timeout)
-    p.add_argument("--graceful-timeout", type=float, default=d.graceful_timeout, help="seconds")
-    p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes)
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=d.idle_timeout,
+        help=f"seconds a connection may wait for a whole request head (default {d.idle_timeout:g})",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=d.read_timeout,
+        help=f"seconds without a byte from the client mid-request (default {d.read_timeout:g})",
+    )
+    p.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=TLSSettings.handshake_timeout,
+        help=f"seconds for the TLS handshake (default {TLSSettings.handshake_timeout:g})",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=d.graceful_timeout,
+        help=f"seconds to finish in-flight responses on a signal (default {d.graceful_timeout:g})",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=d.max_header_bytes,
+        help=f"request head size answered with 431 above it (default {d.max_header_bytes})",
+    )
     p.add_argument(
         "--cert-check-interval",
         type=float,
