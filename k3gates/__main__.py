@@ -5,6 +5,9 @@ python -m k3gates census --json        the same census.json the site serves
 python -m k3gates census --site DIR    another build's folder
 python -m k3gates run GATE|INNOVATION  compile what those gates need, run them, print every check
                                        (a gate author's loop: no site is rendered or published)
+python -m k3gates faults GATE|INNOVATION|all
+                                       rerun gates with corrupted kernel outputs; print which
+                                       checks catch each fault; record it in site_src/faults.json
 """
 
 from __future__ import annotations
@@ -72,35 +75,50 @@ def _check_line(c: dict[str, Any]) -> str:
     return f"    {mark} {c['name']}{figure}{why}"
 
 
-def run(names: list[str], jobs: int) -> int:
-    """Compile the kernels the named gates (or every gate of a named innovation) declare, run
-    them afresh in their own processes, and print each check. Exit 1 if any gate fails."""
-    from . import compile as kcompile
-    from . import runner
-    from .discover import GatePackage, discover_gates, kernel_modules
+def _choose(names: list[str]) -> list:
+    """The gates named, or every gate of a named innovation, or `fx`, or `all`."""
+    from .discover import GatePackage, discover_gates
     from .registry import UnknownInnovation, canonical
 
-    pkg = GatePackage(Path(__file__).resolve().parent)
-    sites = discover_gates([pkg])
+    sites = discover_gates([GatePackage(Path(__file__).resolve().parent)])
     chosen = []
     for name in names:
-        try:
-            inno = canonical(name)
-        except UnknownInnovation:
-            inno = None
-        picked = [g for g in sites if g.id == name or (inno and g.innovation == inno)]
-        if name in ("fx", "foundations"):
+        if name == "all":
+            picked = sites
+        elif name in ("fx", "foundations"):
             picked = [g for g in sites if g.innovation is None]
+        else:
+            try:
+                inno = canonical(name)
+            except UnknownInnovation:
+                inno = None
+            picked = [g for g in sites if g.id == name or (inno and g.innovation == inno)]
         if not picked:
             raise SystemExit(f"no gate or innovation named {name!r}")
         chosen += [g for g in picked if g not in chosen]
+    return chosen
+
+
+def _compile_for(chosen: list) -> None:
+    from . import compile as kcompile
+    from .discover import GatePackage, kernel_modules
+
     modules = sorted({m for g in chosen for m in (g.kernels or ())})
     if any(g.kernels is None for g in chosen):
-        modules = kernel_modules([pkg])
+        modules = kernel_modules([GatePackage(Path(__file__).resolve().parent)])
     for m in modules:
         c = kcompile.ensure(m)
         how = "reused" if c.reused else f"compiled in {c.seconds:.1f} s"
         print(f"compile: {m} {'FAILED: ' + c.error.splitlines()[0] if c.error else how}")
+
+
+def run(names: list[str], jobs: int) -> int:
+    """Compile the kernels the named gates (or every gate of a named innovation) declare, run
+    them afresh in their own processes, and print each check. Exit 1 if any gate fails."""
+    from . import runner
+
+    chosen = _choose(names)
+    _compile_for(chosen)
     results = runner.run_gates(chosen, jobs=jobs, reuse=False)
     for r in results:
         print(f"gate {r['id']} ({r['innovation']}, {r['level']}): {r['status']}, {r['seconds']} s")
@@ -109,6 +127,46 @@ def run(names: list[str], jobs: int) -> int:
         for c in r.get("checks", []):
             print(_check_line(c))
     return 0 if all(r["passed"] for r in results) else 1
+
+
+def faults(names: list[str], jobs: int, small: bool, record: bool) -> int:
+    """Run the fault suite; exit 1 if a gate fails as it is or misses an applicable fault."""
+    from . import faultsuite
+
+    chosen = _choose(names)
+    _compile_for(chosen)
+
+    def show(gate_id: str, rec: dict[str, Any]) -> None:
+        shape = ", smaller shape" if rec["small"] else ""
+        print(
+            f"gate {gate_id}: baseline {rec['baseline']}{shape}; caught "
+            f"{rec['caught']}/{rec['applicable']} applicable faults ({rec['seconds']} s)"
+        )
+        for f, entry in rec["faults"].items():
+            print(faultsuite.line(f, entry))
+
+    records = faultsuite.run_suite(chosen, jobs=jobs, small=small, on_gate=show)
+    root = Path(__file__).resolve().parent.parent
+    if record:
+        faultsuite.save(
+            records, root / "site_src" / faultsuite.FAULTS_FILE, faultsuite.provenance(root)
+        )
+    missed = [
+        (g, f)
+        for g, r in records.items()
+        for f, e in r["faults"].items()
+        if e["status"] == "missed"
+    ]
+    broken = [g for g, r in records.items() if r["baseline"] != "passed"]
+    caught = sum(r["caught"] for r in records.values())
+    applicable = sum(r["applicable"] for r in records.values())
+    print(
+        f"faults: {len(records)} gates; {caught}/{applicable} applicable faults caught; "
+        f"{len(missed)} missed; {len(broken)} gates failing without a fault"
+    )
+    for g, f in missed:
+        print(f"faults: MISSED {f} in {g}")
+    return 1 if missed or broken else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,9 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="compile and run gates, printing every check")
     r.add_argument("names", nargs="+", metavar="GATE|INNOVATION")
     r.add_argument("--jobs", "-j", type=int, default=2)
+    f = sub.add_parser("faults", help="rerun gates with corrupted kernel outputs")
+    f.add_argument("names", nargs="+", metavar="GATE|INNOVATION|all")
+    f.add_argument("--jobs", "-j", type=int, default=2)
+    f.add_argument(
+        "--small", action="store_true", help="let long gates run their smaller shape (same bounds)"
+    )
+    f.add_argument("--no-record", action="store_true", help="do not write site_src/faults.json")
     args = p.parse_args(argv)
     if args.command == "run":
         return run(args.names, max(1, args.jobs))
+    if args.command == "faults":
+        return faults(args.names, max(1, args.jobs), args.small, not args.no_record)
     census = load(args.site)
     if args.json:
         print(json.dumps(census, indent=1))

@@ -1,8 +1,9 @@
 """The census: levels from gate results, liar-kill, and the permille. Pure functions, no I/O.
 
 Rules (DESIGN.md, "The level ladder and the census"):
-- An innovation's level is the highest L that has at least one gate, with every gate at levels
-  <= L passing. A failing lower gate caps everything above it.
+- An innovation's level is the highest L such that every level from PARTIAL to L has at least
+  one gate of its own, and every gate at levels <= L passes. A missing or failing rung caps
+  everything above it: a lone PROVEN gate earns nothing.
 - A claim above the proven level is liar-killed: shown struck through, with the reason, and the
   census uses the proven level.
 - permille = floor(1000 * sum(scores) / (4 * number of canonical innovations)).
@@ -52,14 +53,14 @@ class GateOutcome:
 
 
 def innovation_level(gates: Iterable[GateOutcome]) -> Level:
+    """Climb the ladder rung by rung; stop at the first rung with no gate or a failing one."""
     gates = list(gates)
     best = Level.GAP
-    for level in Level:
-        if level == Level.GAP:
-            continue
-        has_gate = any(g.level == level for g in gates)
-        if has_gate and all(g.passed for g in gates if g.level <= level):
-            best = level
+    for level in list(Level)[1:]:
+        rung = [g for g in gates if g.level == level]
+        if not rung or not all(g.passed for g in rung):
+            break
+        best = level
     return best
 
 
@@ -75,7 +76,8 @@ def blocker(gates: Iterable[GateOutcome], proven: Level) -> str:
         return f"gate {g.id} ({g.level.name}) fails: {g.failure}"
     higher = [g for g in gates if g.level > target]
     if higher:
-        return f"no {target.name} gate exists, so the {higher[0].level.name} gate cannot count"
+        above = ", ".join(sorted({g.level.name for g in higher}, key=lambda n: Level[n]))
+        return f"no {target.name} gate exists, so the {above} gates above it cannot count"
     return f"no {target.name} gate exists"
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from . import faults
+
 # -O3 and -march=native let gcc vectorise the int64 loops; -fopenmp enables `#omp parallel for`.
 PYTHRAN_FLAGS = ("-O3", "-march=native", "-fopenmp", "-w")
 COMPILE_TIMEOUT_S = 1800  # the largest kernel module compiles in minutes, not hours
@@ -124,6 +126,22 @@ def toolchain() -> dict[str, str]:
         "cpu": cpu_model(),
         "flags": " ".join(PYTHRAN_FLAGS),
     }
+
+
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx_vnni", "amx_int8")  # fmt: skip
+
+
+def cpu_vector_extensions() -> str:
+    """The CPU's integer-relevant vector extensions, as /proc/cpuinfo names them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return " ".join(f for f in VECTOR_FLAGS if f in have)
+    except OSError:
+        pass
+    return "unknown"
 
 
 def cpu_model() -> str:
@@ -325,17 +343,19 @@ def load_extension(compiled: Compiled) -> ModuleType:
 _loaded: dict[tuple[str, str], ModuleType] = {}
 
 
-def load(modname: str) -> ModuleType:
+def load(modname: str) -> faults.GuardedModule:
     """The compiled extension for the *current* source of `modname`, compiling if needed.
 
     The key is recomputed on every call, so an edited kernel is never served from an old build.
+    Every function of it refuses a non-integer output, and corrupts its outputs when a fault run
+    asks it to (faults.py).
     """
     try:
         cache_key = (modname, module_key(modname))
     except CompileError:
         cache_key = (modname, "")
     if cache_key not in _loaded:
-        _loaded[cache_key] = load_extension(ensure(modname))
+        _loaded[cache_key] = faults.guard(load_extension(ensure(modname)), modname)
     return _loaded[cache_key]
 
 

@@ -34,6 +34,7 @@ class GateSite:
     line: int
     kernels: tuple[str, ...] | None = None  # from the decorator when literal, else None
     timeout: float = DEFAULT_TIMEOUT_S  # seconds; the runner kills the gate's process after it
+    requires: tuple[str, ...] = ()  # gate ids this gate builds on (checked to exist)
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,20 @@ def _site_from_call(call: ast.Call, pkg: GatePackage, file: Path) -> GateSite:
     timeout = _literal(kw["timeout"], "timeout", file) if "timeout" in kw else DEFAULT_TIMEOUT_S
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise DiscoveryError(f"{file}:{call.lineno}: gate {gate_id}: timeout must be > 0 s")
+    requires = _literal(kw["requires"], "requires", file) if "requires" in kw else ()
+    if not isinstance(requires, (list, tuple)) or not all(isinstance(r, str) for r in requires):
+        raise DiscoveryError(f"{file}:{call.lineno}: gate {gate_id}: requires must list gate ids")
     return GateSite(
-        gate_id, inno, lvl, pkg.modname(file), pkg.root, file, call.lineno, kernels, float(timeout)
+        gate_id,
+        inno,
+        lvl,
+        pkg.modname(file),
+        pkg.root,
+        file,
+        call.lineno,
+        kernels,
+        float(timeout),
+        tuple(requires),
     )
 
 
@@ -132,6 +145,12 @@ def discover_gates(packages: list[GatePackage]) -> list[GateSite]:
                 f"{first.file}:{first.line}"
             )
         seen.setdefault(s.id, s)
+    for s in sites:
+        for req in s.requires:
+            if req not in seen:
+                problems.append(f"{s.file}:{s.line}: gate {s.id} requires {req!r}, no such gate")
+            elif req == s.id:
+                problems.append(f"{s.file}:{s.line}: gate {s.id} requires itself")
     if problems:
         raise DiscoveryError("\n".join(problems))
     return sorted(sites, key=lambda s: (str(s.file), s.line))

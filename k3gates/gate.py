@@ -22,7 +22,10 @@ importing it, and so can name the file and line of a bad id before anything runs
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,11 +35,17 @@ from typing import Any
 import numpy as np
 
 from . import compile as kcompile
+from . import fresh
 from .discover import DEFAULT_TIMEOUT_S
 from .registry import Level, canonical
 
 # The five checks every gate at HAVE or above must contain (DESIGN.md, gate contract).
 CONTRACT_KINDS = ("nofloat", "compiled", "reference", "deterministic", "property")
+# A reference check must be able to fail: its bound at most 5% of the reference's RMS, and an
+# all-zero output outside it (issue 13). A looser rigorous bound may stand only as `worst_case`.
+MAX_BOUND_OVER_RMS = 0.05
+# The thread counts a determinism check compares, each in a fresh process.
+THREAD_COUNTS = (1, 2)
 
 
 @dataclass
@@ -52,6 +61,12 @@ class Check:
     values: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     message: str = ""  # why it failed, when it did
+    # discrimination, for comparisons against a reference (issue 13, item 1): can this fail?
+    reference_rms: float | None = None  # RMS of the reference values, in `unit`
+    bound_over_rms: float | None = None  # bound / reference_rms: at most MAX_BOUND_OVER_RMS
+    zero_output_fails: bool | None = None  # an all-zero output would fail this comparison
+    worst_case: bool = False  # a rigorous but loose bound, standing beside a tight check
+    tight: str | None = None  # for a worst_case check: the tight check on the same output
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -65,6 +80,7 @@ class GateSpec:
     kernels: tuple[str, ...]  # dotted module names of the kernels modules it exercises
     bounds: dict[str, float]
     timeout: float
+    requires: tuple[str, ...]  # gate ids this gate builds on; it fails when one of them fails
     func: Callable[[GateContext], None]
     title: str
     doc: str
@@ -83,6 +99,7 @@ def gate(
     kernels: Sequence[str] = (),
     bounds: dict[str, float] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
+    requires: Sequence[str] = (),
 ) -> Callable[[Callable[[GateContext], None]], Callable[[GateContext], None]]:
     """Register a gate. See the module docstring."""
 
@@ -96,6 +113,7 @@ def gate(
             kernels=tuple(kernels),
             bounds=dict(bounds or {}),
             timeout=float(timeout),
+            requires=tuple(requires),
             func=func,
             title=doc.splitlines()[0] if doc else id,
             doc=doc,
@@ -135,6 +153,15 @@ class GateContext:
         self.checks: list[Check] = []
         self.summary = ""  # one measured sentence for the census row; set with `evidence()`
         self.artifacts: dict[str, Any] = {}  # tables and curves for the gate page
+        self.used_small = False  # the gate ran its smaller shape (a fault-suite run asked)
+
+    @property
+    def small(self) -> bool:
+        """True in a fault-suite run that asks long gates for a smaller shape of the same gate
+        (same function, same declared bounds). A gate that honours it says so on its page."""
+        if os.environ.get("K3GATES_SMALL") == "1":
+            self.used_small = True
+        return self.used_small
 
     # -- kernels -------------------------------------------------------------------------------
     def _modname(self, modname: str | None) -> str:
@@ -184,26 +211,40 @@ class GateContext:
         return passed
 
     def check_reference(
-        self, name: str, proves: str, got: Any, want: Any, *, unit: str = "LSB", **values: Any
+        self,
+        name: str,
+        proves: str,
+        got: Any,
+        want: Any,
+        *,
+        unit: str = "LSB",
+        worst_case: bool = False,
+        tight: str | None = None,
+        **values: Any,
     ) -> bool:
         """max |got − want| (in `unit`) against the bound declared for `name` in the decorator.
 
         `got` and `want` must already be in the same unit (e.g. both in output LSB). NaN in either
         counts as an infinite error unless both are NaN at the same place; equal infinities are
         no error.
+
+        The check also measures whether it can fail: the reference's RMS, bound / RMS, and whether
+        an all-zero output would fail. Unless it is a `worst_case` check it fails when bound / RMS
+        exceeds MAX_BOUND_OVER_RMS or a zero output would pass. A `worst_case` check names the
+        `tight` check on the same output that stands beside it (verified in `finish`).
         """
         if name not in self.spec.bounds:
             raise ValueError(f"gate {self.spec.id}: check {name!r} has no declared bound")
+        if worst_case and not tight:
+            raise ValueError(f"check {name}: a worst_case check names its tight check")
         bound = float(self.spec.bounds[name])
         g = np.asarray(got, dtype=np.float64)
         w = np.asarray(want, dtype=np.float64)
         if g.shape != w.shape:
             raise ValueError(f"check {name}: shapes differ, got {g.shape} want {w.shape}")
-        same = (np.isnan(g) & np.isnan(w)) | (g == w)  # equal infinities are no error
-        with np.errstate(invalid="ignore"):
-            err = np.where(same, 0.0, np.abs(g - w))
-        err = np.where(np.isnan(err), np.inf, err)
+        err = _abs_error(g, w)
         measured = float(err.max()) if err.size else 0.0
+        rms, over, zero_fails = discrimination(w, bound)
         passed = measured <= bound
         worst = int(np.argmax(err)) if err.size else 0
         message = (
@@ -214,6 +255,9 @@ class GateContext:
                 f" (got {g.flat[worst]!r}, want {w.flat[worst]!r})"
             )
         )
+        if passed and not worst_case:
+            blind = _blindness(over, zero_fails)
+            passed, message = not blind, blind
         self.checks.append(
             Check(
                 name,
@@ -225,47 +269,117 @@ class GateContext:
                 unit=unit,
                 message=message,
                 values={"points": int(err.size), **values},
+                reference_rms=rms,
+                bound_over_rms=over,
+                zero_output_fails=zero_fails,
+                worst_case=worst_case,
+                tight=tight,
             )
         )
         return passed
 
     def check_compiled_matches_interpreted(
-        self, name: str, func: str, *args: Any, modname: str | None = None
+        self, name: str, func: str, *args: Any, inputs: str = "", modname: str | None = None
     ) -> bool:
         """Run `func(*args)` compiled and under CPython; the outputs must be bit-identical.
 
-        Records both times and the speed ratio interpreted/compiled (the gate page shows it).
+        `inputs` says what the interpreted side ran on: the gate's real inputs, or a slice large
+        enough to reach every branch (and which). NumPy integer scalars wrap like C++ with only
+        a RuntimeWarning; here that warning is an error, so an int64 overflow that the compiled
+        kernel silently wraps fails the check. Records both times and the speed ratio.
         """
         fc = getattr(self.compiled(modname), func)
         fi = getattr(self.interpreted(modname), func)
         t0 = time.perf_counter()
         out_c = fc(*args)
         t1 = time.perf_counter()
-        out_i = fi(*args)
+        raised = ""
+        try:
+            with warnings.catch_warnings(), np.errstate(over="raise", invalid="raise"):
+                warnings.simplefilter("error", RuntimeWarning)
+                out_i = fi(*args)
+        except (ArithmeticError, RuntimeWarning, OverflowError, ValueError) as e:
+            raised, out_i = f"the interpreted run raised {type(e).__name__}: {e}", None
         t2 = time.perf_counter()
-        passed = bit_equal(out_c, out_i)
+        passed = not raised and bit_equal(out_c, out_i)
+        if not inputs:  # the check must say what it ran on
+            passed, raised = (
+                False,
+                "the check does not say which inputs the interpreted side ran on",
+            )
         tc, ti = t1 - t0, t2 - t1
+        digests = {"compiled": digest(*_as_tuple(out_c))}
+        if not raised:
+            digests["interpreted"] = digest(*_as_tuple(out_i))
         self.checks.append(
             Check(
                 name,
                 "compiled",
                 f"the Pythran-compiled `{func}` and the same source under CPython give "
-                "bit-identical "
-                "output on these inputs",
+                f"bit-identical output on {inputs}, with NumPy overflow an error",
                 passed,
-                digests={
-                    "compiled": digest(*_as_tuple(out_c)),
-                    "interpreted": digest(*_as_tuple(out_i)),
+                digests=digests,
+                values={
+                    "inputs": inputs,
+                    "compiled_s": tc,
+                    "interpreted_s": ti,
+                    "speed_ratio": ti / max(tc, 1e-9),
                 },
-                values={"compiled_s": tc, "interpreted_s": ti, "speed_ratio": ti / max(tc, 1e-9)},
                 seconds=t2 - t0,
-                message="" if passed else "outputs differ",
+                message="" if passed else (raised or "outputs differ"),
             )
         )
         return passed
 
+    def check_threads(
+        self, name: str, proves: str, func: str, *args: Any, modname: str | None = None
+    ) -> bool:
+        """Run compiled `func(*args)` in fresh processes with OMP_NUM_THREADS=1 and =2 and here;
+        every digest must be equal. The module must hold an `omp parallel` loop, or the thread
+        count could not matter and the check would prove nothing."""
+        mod = self._modname(modname)
+        loops = omp_loops(mod)
+        t0 = time.perf_counter()
+        runs = {"this process": digest(*_as_tuple(getattr(self.compiled(mod), func)(*args)))}
+        for n in THREAD_COUNTS:
+            runs[f"fresh process, OMP_NUM_THREADS={n}"] = fresh.run_digest(
+                mod, func, args, threads=n
+            )
+        passed = loops > 0 and len(set(runs.values())) == 1
+        if loops == 0:
+            message = f"{mod} has no `omp parallel` loop: the thread count cannot matter"
+        else:
+            message = "" if passed else f"digests differ: {runs}"
+        self.checks.append(
+            Check(
+                name,
+                "deterministic",
+                proves,
+                passed,
+                digests=runs,
+                values={"function": func, "omp_loops_in_module": loops},
+                seconds=time.perf_counter() - t0,
+                message=message,
+            )
+        )
+        return passed
+
+    def check_digests(self, name: str, proves: str, digests: dict[str, str], **values: Any) -> bool:
+        """Digests computed elsewhere (fresh processes): all labelled digests must be equal."""
+        passed = len(digests) >= 2 and len(set(digests.values())) == 1
+        message = "" if passed else f"digests differ: {digests}"
+        self.checks.append(
+            Check(name, "deterministic", proves, passed, digests=digests, values=values,
+                  message=message)
+        )  # fmt: skip
+        return passed
+
     def check_deterministic(self, name: str, proves: str, runs: dict[str, Any]) -> bool:
-        """Every labelled run (e.g. "first", "second", "permuted back") has the same digest."""
+        """Every labelled run (e.g. "C = 16", "rows permuted back") has the same digest.
+
+        The runs must differ in something a float implementation would be sensitive to
+        (thread count, split points, order of independent rows): two reruns of identical
+        inputs prove nothing."""
         digests = {label: digest(*_as_tuple(out)) for label, out in runs.items()}
         passed = len(runs) >= 2 and len(set(digests.values())) == 1
         message = (
@@ -278,6 +392,24 @@ class GateContext:
         )
         return passed
 
+    def finish(self) -> None:
+        """After the gate body: a worst_case check stands only beside a discriminating tight
+        check on the same output."""
+        by_name = {c.name: c for c in self.checks}
+        for c in self.checks:
+            if not c.worst_case:
+                continue
+            t = by_name.get(c.tight or "")
+            ok = t is not None and t.kind == "reference" and not t.worst_case
+            if ok and _blindness(t.bound_over_rms, t.zero_output_fails):
+                ok = False
+            if not ok and c.passed:
+                c.passed = False
+                c.message = (
+                    f"worst_case check without a discriminating tight check {c.tight!r} "
+                    "on the same output"
+                )
+
     def evidence(self, sentence: str) -> None:
         """The measured sentence shown on the census row, e.g. "1 048 576 values round-trip"."""
         self.summary = sentence
@@ -285,6 +417,47 @@ class GateContext:
     def artifact(self, key: str, value: Any) -> None:
         """A table or curve for the gate page (lists and numbers, JSON-serialisable)."""
         self.artifacts[key] = _jsonable(value)
+
+
+def _abs_error(g: np.ndarray, w: np.ndarray) -> np.ndarray:
+    same = (np.isnan(g) & np.isnan(w)) | (g == w)  # equal infinities are no error
+    with np.errstate(invalid="ignore"):
+        err = np.where(same, 0.0, np.abs(g - w))
+    return np.where(np.isnan(err), np.inf, err)
+
+
+def discrimination(want: np.ndarray, bound: float) -> tuple[float, float, bool]:
+    """(RMS of the reference, bound / RMS, whether an all-zero output fails against `want`)."""
+    w = np.asarray(want, dtype=np.float64)
+    finite = w[np.isfinite(w)]
+    rms = float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0
+    over = bound / rms if rms > 0 else float("inf")
+    zero_err = _abs_error(np.zeros_like(w), w)
+    zero_fails = bool(zero_err.size) and float(zero_err.max()) > bound
+    return rms, over, zero_fails
+
+
+def _blindness(over: float | None, zero_fails: bool | None) -> str:
+    """Why a reference check could not fail, or "" when it can."""
+    if not zero_fails:
+        return "an all-zero output would pass this comparison: the check cannot discriminate"
+    if over is None or not over <= MAX_BOUND_OVER_RMS:
+        return (
+            f"bound / reference RMS = {over:.3g} > {MAX_BOUND_OVER_RMS}: the bound is too loose "
+            "to discriminate (keep it only as a worst_case check beside a tight one)"
+        )
+    return ""
+
+
+_OMP = re.compile(r"#\s*omp\s+parallel")
+
+
+def omp_loops(modname: str) -> int:
+    """`omp parallel` pragmas in a kernels module and the kernel modules it imports."""
+    return sum(
+        len(_OMP.findall(p.read_text(encoding="utf-8")))
+        for p in kcompile.dependencies(modname).values()
+    )
 
 
 def _jsonable(value: Any) -> Any:

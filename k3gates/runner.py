@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compile as kcompile
+from . import faults
 from .discover import GateSite
 from .nofloat import audit_file
 from .registry import Level
@@ -84,7 +85,7 @@ def run_gates(
     """Run (or reuse) every gate; results come back in the order of `sites`.
 
     With `only`, just those gates run; every other gate is reused when it can be and otherwise
-    reported as "skipped" (not run, so not passing). The caller applies `apply_foundations` once
+    reported as "skipped" (not run, so not passing). The caller applies `apply_requirements` once
     it has every result it will publish.
     """
     lock = threading.Lock()
@@ -116,49 +117,76 @@ def run_gates(
         return list(pool.map(one, sites))
 
 
-def apply_foundations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A gate whose kernels build on a foundations gate's kernels fails when that gate fails.
+def apply_requirements(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A gate fails when a gate it builds on fails, transitively, with a `requires:` check.
 
-    Foundations gates (innovation None, e.g. the fx math) prove the shared functions every other
-    kernel imports. If `k3gates.situ.kernels` imports `k3gates.fx.kernels`, each situ gate gets a
-    `requires:<fx gate>` check carrying that gate's verdict, so a broken exp can never hide
-    behind an innovation gate whose own tolerance happened to absorb it.
+    What a gate builds on is (1) every gate it names in `requires=` (e.g. `longctx_1m` on the kda
+    and mla gates whose kernels it runs), and (2) every foundations gate (innovation None, e.g.
+    the fx math) whose kernels its own kernels import. So a broken exp can never hide behind an
+    innovation gate whose tolerance happened to absorb it.
     """
+    by_id = {r["id"]: r for r in results}
     foundations = [r for r in results if r.get("innovation") is None and r.get("kernels")]
-    out = []
+    needs: dict[str, list[tuple[str, str]]] = {}
     for r in results:
         try:
             deps = {d for m in r.get("kernels") or [] for d in kcompile.dependencies(m)}
         except kcompile.CompileError:
             deps = set(r.get("kernels") or [])
-        extra = []
+        mine = []
         for f in foundations:
             shared = sorted(deps & set(f["kernels"]))
-            if f is r or not shared:
-                continue
-            ok = bool(f["passed"])
-            extra.append(
-                {
-                    "name": f"requires:{f['id']}",
-                    "kind": "contract",
-                    "passed": ok,
-                    "proves": f"the foundations gate {f['id']}, which proves the shared "
-                    f"kernels {', '.join(shared)} this gate builds on, passes",
-                    "bound": None,
-                    "measured": None,
-                    "unit": "",
-                    "digests": {},
-                    "values": {},
-                    "seconds": 0.0,
-                    "message": "" if ok else f"foundations gate {f['id']} failed",
-                }
+            if f is not r and shared:
+                mine.append((f["id"], f"proves the shared kernels {', '.join(shared)}"))
+        for req in r.get("requires") or []:
+            mine.append((req, "proves the kernels this gate composes"))
+        needs[r["id"]] = mine
+    verdict: dict[str, bool] = {}
+
+    def passes(gate_id: str, trail: tuple[str, ...] = ()) -> bool:
+        if gate_id not in verdict:
+            r = by_id.get(gate_id)
+            own = bool(r and r["passed"])
+            deps_ok = all(
+                d not in trail and passes(d, (*trail, gate_id)) for d, _ in needs.get(gate_id, [])
             )
+            verdict[gate_id] = own and deps_ok
+        return verdict[gate_id]
+
+    out = []
+    for r in results:
+        extra = []
+        for dep, why in needs[r["id"]]:
+            ok = dep in by_id and passes(dep)
+            if dep not in by_id:
+                reason = f"required gate {dep} did not run in this build"
+            elif not by_id[dep]["passed"]:
+                reason = f"required gate {dep} failed"
+            else:
+                reason = f"required gate {dep} passes, but a gate it requires failed"
+            extra.append(_requires_check(dep, why, ok, "" if ok else reason))
         if extra:
             r = {**r, "checks": [*r.get("checks", []), *extra]}
             if r["passed"] and not all(c["passed"] for c in extra):
                 r = {**r, "passed": False, "status": "failed"}
         out.append(r)
     return out
+
+
+def _requires_check(dep: str, why: str, ok: bool, message: str) -> dict[str, Any]:
+    return {
+        "name": f"requires:{dep}",
+        "kind": "contract",
+        "passed": ok,
+        "proves": f"the gate {dep}, which {why}, passes (and so do the gates it requires)",
+        "bound": None,
+        "measured": None,
+        "unit": "",
+        "digests": {},
+        "values": {},
+        "seconds": 0.0,
+        "message": message,
+    }
 
 
 def _store(result: dict[str, Any]) -> None:
@@ -169,7 +197,9 @@ def _store(result: dict[str, Any]) -> None:
     os.replace(tmp, _result_path(result["id"], result["file"]))
 
 
-def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:
+def _run_one(
+    site: GateSite, *, threads: int, env_extra: dict[str, str] | None = None
+) -> dict[str, Any]:
     timeout = site.timeout
     with tempfile.TemporaryDirectory(prefix="k3gate-") as tmp:
         out = Path(tmp) / "result.json"
@@ -185,6 +215,7 @@ def _run_one(site: GateSite, *, threads: int) -> dict[str, Any]:
             "OMP_NUM_THREADS": str(threads),
             "PYTHONHASHSEED": "0",
             "PYTHONPATH": os.pathsep.join([str(site.root), *sys.path[1:]]),
+            **(env_extra or {}),
         }
         start = time.perf_counter()
         proc = subprocess.Popen(
@@ -247,7 +278,8 @@ def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[s
         "deps": {},
         "kernel_keys": {},
         "bounds": {},
-        "kernels": [],
+        "kernels": list(site.kernels or ()),
+        "requires": list(site.requires),
         "toolchain": kcompile.toolchain(),
         "run_hash": "",
         "log": log,
@@ -295,6 +327,7 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
     if status == "passed":
         try:
             spec.func(ctx)
+            ctx.finish()
         except Exception as e:
             status, error = "error", _short_traceback(e)
     ctx.checks.extend(_contract_checks(spec, ctx.checks, status))
@@ -316,6 +349,9 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
         "artifacts": ctx.artifacts,
         "bounds": spec.bounds,
         "kernels": list(spec.kernels),
+        "requires": list(spec.requires),
+        "fault": {"name": faults.active(), **faults.STATS} if faults.active() else None,
+        "small": ctx.used_small,
         "kernel_keys": kernel_keys,
         "deps": _loaded_sources(root, Path(spec.file)),
         "toolchain": kcompile.toolchain(),

@@ -25,8 +25,11 @@ def g(level: Level, passed: bool, name: str = "") -> GateOutcome:
         ([g(P, True), g(P, True, "p2"), g(H, True)], H),
         ([g(P, True), g(P, False, "p2"), g(H, True)], Level.GAP),  # every gate at a level must pass
         ([g(P, True), g(H, True), g(S, False)], H),  # a failing higher gate does not lower
-        ([g(H, True)], H),  # the highest level that has a gate, with all at or below passing
-        ([g(P, True), g(V, True)], V),  # DESIGN.md's rule, read literally: empty rungs do not cap
+        ([g(H, True)], Level.GAP),  # no PARTIAL rung: nothing above it counts
+        ([g(V, True)], Level.GAP),  # a lone passing PROVEN gate earns nothing
+        ([g(P, True), g(V, True)], P),  # empty HAVE and STRONG rungs cap PROVEN
+        ([g(P, True), g(S, True), g(V, True)], P),  # a missing HAVE rung caps at PARTIAL
+        ([g(P, True), g(H, True), g(V, True)], H),  # a missing STRONG rung caps at HAVE
     ],
 )
 def test_innovation_level(gates, expected):
@@ -38,7 +41,9 @@ def test_blocker_names_the_failing_gate_or_the_missing_level():
     assert blocker([g(P, True), g(H, False, "kda_serve")], P) == (
         "gate kda_serve (HAVE) fails: boom"
     )
-    assert blocker([g(P, True), g(V, True)], P).startswith("no HAVE gate exists")
+    assert blocker([g(P, True), g(V, True)], P) == (
+        "no HAVE gate exists, so the PROVEN gates above it cannot count"
+    )
     assert blocker([g(V, True)], V) == ""
 
 
@@ -97,3 +102,49 @@ def test_census_rows_use_the_proven_level_and_kill_overclaims():
     assert not rows["longctx"]["killed"]
     assert c["permille"] == 25  # only mxfp's PARTIAL scores; the foundations gate counts for none
     assert c["score_sum"] == 1 and c["score_max"] == 40
+
+
+def test_a_failed_required_gate_fails_its_dependants_transitively():
+    """runner.apply_requirements: `requires=` is followed transitively, with a named check."""
+    from k3gates.runner import apply_requirements
+
+    results = [
+        {**_result("kda_recurrent", "kda", "HAVE", False), "kernels": []},
+        {**_result("k3block_forward", "k3block", "HAVE", True), "requires": ["kda_recurrent"]},
+        {**_result("longctx_1m", "longctx", "HAVE", True), "requires": ["k3block_forward"]},
+        {**_result("mx_p", "mxfp", "PARTIAL", True), "requires": []},
+    ]
+    out = {r["id"]: r for r in apply_requirements(results)}
+    assert not out["k3block_forward"]["passed"]
+    req = next(c for c in out["k3block_forward"]["checks"] if c["name"] == "requires:kda_recurrent")
+    assert not req["passed"] and req["message"] == "required gate kda_recurrent failed"
+    assert not out["longctx_1m"]["passed"]  # its requirement passed on its own, but not its own
+    req = next(c for c in out["longctx_1m"]["checks"] if c["name"] == "requires:k3block_forward")
+    assert req["message"] == "required gate k3block_forward passes, but a gate it requires failed"
+    assert out["mx_p"]["passed"]
+
+
+def test_longctx_1m_fails_when_a_kda_gate_it_requires_fails():
+    """The real declarations: longctx_1m names the kda gates whose kernels it runs."""
+    from pathlib import Path
+
+    from k3gates.discover import GatePackage, discover_gates
+    from k3gates.runner import apply_requirements
+
+    sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
+    site = {s.id: s for s in sites}
+    kda_required = [r for r in site["longctx_1m"].requires if site[r].innovation == "kda"]
+    assert kda_required, "longctx_1m must require the kda gates whose kernels it runs"
+    for broken in kda_required:
+        results = [
+            {
+                **_result(s.id, s.innovation, s.level.name, s.id != broken),
+                "requires": list(s.requires),
+            }
+            for s in sites
+        ]
+        out = {r["id"]: r for r in apply_requirements(results)}
+        assert not out["longctx_1m"]["passed"], broken
+        rows = {r["id"]: r for r in census(list(out.values()), {})["innovations"]}
+        assert Level[rows["longctx"]["level"]] < Level.HAVE
+        assert f"requires:{broken}" in rows["longctx"]["blocker"]

@@ -31,7 +31,7 @@ COPIED = ("k3gates", "templates", "site_src")
 
 
 def fx_dependents() -> list:
-    """Every innovation gate whose kernels import fx, found as runner.apply_foundations does."""
+    """Every innovation gate whose kernels import fx, found as runner.apply_requirements does."""
     sites = discover_gates([GatePackage(ROOT / "k3gates")])
 
     def on_fx(site) -> bool:

@@ -8,7 +8,7 @@ dense seeded grid of at least 2^20 points; each check's `domain` says which. The
 property check holds each declared bound to its anchor.
 
 These gates count toward no innovation (innovation=None); every innovation gate whose kernels
-import k3gates.fx.kernels fails when one of them fails (runner.apply_foundations).
+import k3gates.fx.kernels fails when one of them fails (runner.apply_requirements).
 """
 
 from __future__ import annotations

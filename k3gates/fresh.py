@@ -1,0 +1,63 @@
+"""Run one compiled kernel call in a fresh process with a chosen OpenMP thread count.
+
+A determinism check that reruns a kernel in the same process proves little: the thread pool, the
+allocator and every cache are already warm and the same. `run_digest` pickles the call's
+arguments, starts `python -m k3gates.fresh JOB` with `OMP_NUM_THREADS=n`, and returns the digest
+of what the compiled kernel returned there. The child loads the kernel through the same cache and
+the same guard (and, in a fault run, the same fault) as the gate's own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FRESH_TIMEOUT_S = 600.0
+
+
+class FreshRunError(RuntimeError):
+    """The child process failed; the message carries its last lines of output."""
+
+
+def run_digest(modname: str, func: str, args: tuple, *, threads: int) -> str:
+    """The digest of compiled `modname.func(*args)` computed in a new process."""
+    with tempfile.TemporaryDirectory(prefix="k3fresh-") as tmp:
+        job = Path(tmp) / "job.pickle"
+        out = Path(tmp) / "out.json"
+        job.write_bytes(pickle.dumps({"modname": modname, "func": func, "args": args}))
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "k3gates.fresh", str(job), str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=FRESH_TIMEOUT_S,
+        )
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stdout + proc.stderr)[-1500:]
+            raise FreshRunError(f"{modname}.{func} in a fresh process failed: {tail}")
+        return json.loads(out.read_text())["digest"]
+
+
+def main(argv: list[str]) -> int:
+    from . import compile as kcompile
+    from .gate import _as_tuple, digest
+
+    job: dict[str, Any] = pickle.loads(Path(argv[0]).read_bytes())
+    result = getattr(kcompile.load(job["modname"]), job["func"])(*job["args"])
+    Path(argv[1]).write_text(json.dumps({"digest": digest(*_as_tuple(result))}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""The one helper every training gate uses (DESIGN.md, "The level ladder"; issue 13, item 10).
+
+A training gate trains something in integers, beside the same training in float64, and earns
+its level only if all four of these hold:
+
+1. `start_loss`: the run starts at least START_FACTOR times above its success threshold, so
+   "below the threshold" is something the training did, not where it began.
+2. `loss_curve`: at every logged step the integer loss is within a *relative* tolerance of the
+   float64 twin's loss. The tolerance is the gate's declared bound for `loss_curve` (in the
+   decorator, before any run); it is never equal to the threshold, which is a different thing.
+3. `loss_below_threshold`: the final integer loss is below the threshold.
+4. `rerun_fresh`: the whole training, rerun in a fresh process with another OpenMP thread count,
+   is bit-identical to this process's run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from . import fresh
+from .gate import GateContext, _as_tuple, digest
+
+START_FACTOR = 10.0
+CURVE = "loss_curve"  # the bound name a training gate declares: the relative tolerance
+
+
+def check_training(
+    ctx: GateContext,
+    *,
+    curve: np.ndarray,
+    twin: np.ndarray,
+    threshold: float,
+    unit: str,
+    rerun: tuple[str, tuple],
+    first: Any,
+    modname: str | None = None,
+) -> bool:
+    """Record the four training checks. `curve` and `twin` are the integer and float64 losses
+    at the same logged steps; `rerun` is (kernel function, args) whose output `first` is this
+    process's run of the whole training."""
+    if CURVE not in ctx.spec.bounds:
+        raise ValueError(f"gate {ctx.spec.id}: declare the relative tolerance bounds[{CURVE!r}]")
+    rel_tol = float(ctx.spec.bounds[CURVE])
+    if rel_tol == threshold:
+        raise ValueError(
+            f"gate {ctx.spec.id}: the curve tolerance equals the success threshold ({threshold})"
+        )
+    curve = np.asarray(curve, dtype=np.float64)
+    twin = np.asarray(twin, dtype=np.float64)
+    ok = ctx.check(
+        "start_loss",
+        f"the run starts at least {START_FACTOR:g}× above its threshold {threshold:g}, so "
+        "reaching the threshold is the training's doing",
+        curve[0] >= START_FACTOR * threshold,
+        message=f"start loss {curve[0]:.6g} < {START_FACTOR:g} × threshold {threshold:g}",
+        start=float(curve[0]),
+        threshold=threshold,
+        helper="k3gates.training",
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = curve / twin
+    ok &= ctx.check_reference(
+        CURVE,
+        f"at every one of {curve.size} logged steps the integer loss is within {rel_tol:g} "
+        "(relative, declared) of the float64 run of the same model, data and initialisation",
+        ratio,
+        np.ones_like(twin),
+        unit=f"integer / float64 loss ({unit})",
+        steps=int(curve.size),
+        max_abs_difference=float(np.abs(curve - twin).max()),
+        helper="k3gates.training",
+    )
+    ok &= ctx.check(
+        "loss_below_threshold",
+        f"the integer run's final loss is below the declared threshold {threshold:g}",
+        curve[-1] < threshold,
+        message=f"final loss {curve[-1]:.6g} >= {threshold:g}",
+        initial=float(curve[0]),
+        final=float(curve[-1]),
+        threshold=threshold,
+        helper="k3gates.training",
+    )
+    ok &= _check_rerun(ctx, rerun, first, modname)
+    return bool(ok)
+
+
+def _check_rerun(
+    ctx: GateContext, rerun: tuple[str, tuple], first: Any, modname: str | None
+) -> bool:
+    func, args = rerun
+    here = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    other = 2 if here == 1 else 1
+    mod = ctx._modname(modname)
+    runs = {
+        f"this process (OMP_NUM_THREADS={here})": digest(*_as_tuple(first)),
+        f"fresh process (OMP_NUM_THREADS={other})": fresh.run_digest(
+            mod, func, args, threads=other
+        ),
+    }
+    return ctx.check_digests(
+        "rerun_fresh",
+        "the whole training rerun in a fresh process with another OpenMP thread count gives "
+        "bit-identical losses and weights",
+        runs,
+        function=func,
+        helper="k3gates.training",
+    )
