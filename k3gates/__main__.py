@@ -129,7 +129,7 @@ def run(names: list[str], jobs: int) -> int:
     return 0 if all(r["passed"] for r in results) else 1
 
 
-def faults(names: list[str], jobs: int, small: bool, record: bool) -> int:
+def faults(names: list[str], jobs: int, small: bool, record: bool, first: bool = False) -> int:
     """Run the fault suite; exit 1 if a gate fails as it is or misses an applicable fault."""
     from . import faultsuite
 
@@ -145,7 +145,9 @@ def faults(names: list[str], jobs: int, small: bool, record: bool) -> int:
         for f, entry in rec["faults"].items():
             print(faultsuite.line(f, entry))
 
-    records = faultsuite.run_suite(chosen, jobs=jobs, small=small, on_gate=show)
+    records = faultsuite.run_suite(
+        chosen, jobs=jobs, small=small, first_failure=first, on_gate=show
+    )
     root = Path(__file__).resolve().parent.parent
     if record:
         faultsuite.save(
@@ -184,12 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument(
         "--small", action="store_true", help="let long gates run their smaller shape (same bounds)"
     )
+    f.add_argument(
+        "--first",
+        action="store_true",
+        help="stop each faulted run at its first failed check (faster; table lists one check)",
+    )
     f.add_argument("--no-record", action="store_true", help="do not write site_src/faults.json")
     args = p.parse_args(argv)
     if args.command == "run":
         return run(args.names, max(1, args.jobs))
     if args.command == "faults":
-        return faults(args.names, max(1, args.jobs), args.small, not args.no_record)
+        return faults(
+            args.names, max(1, args.jobs), args.small, not args.no_record and not args.first,
+            args.first,
+        )  # fmt: skip
     census = load(args.site)
     if args.json:
         print(json.dumps(census, indent=1))

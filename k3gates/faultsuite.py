@@ -26,6 +26,7 @@ from . import compile as kcompile
 from . import runner
 from .discover import GateSite
 from .faults import FAULT_ENV, FAULTS
+from .gate import STOP_AT_FIRST_FAILURE_ENV
 
 SMALL_ENV = "K3GATES_SMALL"  # long gates may run a smaller shape of the same gate, same bounds
 FAULTS_FILE = "faults.json"  # under site_src/, committed beside history.jsonl
@@ -80,15 +81,20 @@ def run_suite(
     *,
     jobs: int = 2,
     small: bool = False,
+    first_failure: bool = False,
     on_gate: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """{gate id: record} for every site; each record holds the baseline and every fault."""
+    """{gate id: record} for every site; each record holds the baseline and every fault.
+
+    With `first_failure`, a faulted run stops at its first failed check: enough to know the
+    fault was caught, and much faster (the baseline always runs whole)."""
     env_small = {SMALL_ENV: "1"} if small else {}
+    env_first = {STOP_AT_FIRST_FAILURE_ENV: "1"} if first_failure else {}
     work = [(s, None) for s in sites] + [(s, f) for s in sites for f in FAULTS]
 
     def one(item: tuple[GateSite, str | None]) -> tuple[str, str | None, dict[str, Any]]:
         site, fault = item
-        env = {**env_small, **({FAULT_ENV: fault} if fault else {})}
+        env = {**env_small, **({FAULT_ENV: fault, **env_first} if fault else {})}
         return site.id, fault, runner._run_one(site, threads=1, env_extra=env)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -103,6 +109,7 @@ def run_suite(
             "code": code_hash(base) if base.get("deps") else "",
             "baseline": base["status"],
             "small": bool(base.get("small")),
+            "first_failure": first_failure,
             "faults": table,
             "caught": sum(t["status"] == "caught" for t in table.values()),
             "applicable": sum(t["status"] != "n/a" for t in table.values()),

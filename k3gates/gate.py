@@ -44,8 +44,14 @@ CONTRACT_KINDS = ("nofloat", "compiled", "reference", "deterministic", "property
 # A reference check must be able to fail: its bound at most 5% of the reference's RMS, and an
 # all-zero output outside it (issue 13). A looser rigorous bound may stand only as `worst_case`.
 MAX_BOUND_OVER_RMS = 0.05
+# A fault-suite run only needs to know whether some check fails: it may stop at the first.
+STOP_AT_FIRST_FAILURE_ENV = "K3GATES_STOP_AT_FIRST_FAILURE"
 # The thread counts a determinism check compares, each in a fresh process.
 THREAD_COUNTS = (1, 2)
+
+
+class FirstFailure(Exception):
+    """Raised after the first failed check when STOP_AT_FIRST_FAILURE_ENV is set."""
 
 
 @dataclass
@@ -180,6 +186,11 @@ class GateContext:
         return kcompile.interpreted(self._modname(modname))
 
     # -- recording -----------------------------------------------------------------------------
+    def _record(self, check: Check) -> None:
+        self.checks.append(check)
+        if not check.passed and os.environ.get(STOP_AT_FIRST_FAILURE_ENV) == "1":
+            raise FirstFailure(check.name)
+
     def check(
         self,
         name: str,
@@ -196,7 +207,7 @@ class GateContext:
         if kind not in CONTRACT_KINDS:
             raise ValueError(f"check {name}: kind {kind!r} is not one of {CONTRACT_KINDS}")
         passed = bool(passed)
-        self.checks.append(
+        self._record(
             Check(
                 name,
                 kind,
@@ -258,7 +269,7 @@ class GateContext:
         if passed and not worst_case:
             blind = _blindness(over, zero_fails)
             passed, message = not blind, blind
-        self.checks.append(
+        self._record(
             Check(
                 name,
                 "reference",
@@ -311,7 +322,7 @@ class GateContext:
         digests = {"compiled": digest(*_as_tuple(out_c))}
         if not raised:
             digests["interpreted"] = digest(*_as_tuple(out_i))
-        self.checks.append(
+        self._record(
             Check(
                 name,
                 "compiled",
@@ -350,7 +361,7 @@ class GateContext:
             message = f"{mod} has no `omp parallel` loop: the thread count cannot matter"
         else:
             message = "" if passed else f"digests differ: {runs}"
-        self.checks.append(
+        self._record(
             Check(
                 name,
                 "deterministic",
@@ -368,7 +379,7 @@ class GateContext:
         """Digests computed elsewhere (fresh processes): all labelled digests must be equal."""
         passed = len(digests) >= 2 and len(set(digests.values())) == 1
         message = "" if passed else f"digests differ: {digests}"
-        self.checks.append(
+        self._record(
             Check(name, "deterministic", proves, passed, digests=digests, values=values,
                   message=message)
         )  # fmt: skip
@@ -387,9 +398,7 @@ class GateContext:
             if passed
             else ("needs two or more runs" if len(runs) < 2 else f"digests differ: {digests}")
         )
-        self.checks.append(
-            Check(name, "deterministic", proves, passed, digests=digests, message=message)
-        )
+        self._record(Check(name, "deterministic", proves, passed, digests=digests, message=message))
         return passed
 
     def finish(self) -> None:

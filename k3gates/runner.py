@@ -288,7 +288,7 @@ def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[s
 
 # -- worker side (runs inside the gate's own process) --------------------------------------------
 def _worker(job: dict[str, Any]) -> dict[str, Any]:
-    from .gate import REGISTRY, Check, GateContext
+    from .gate import REGISTRY, Check, FirstFailure, GateContext
 
     root = Path(job["root"])
     try:
@@ -328,6 +328,8 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
         try:
             spec.func(ctx)
             ctx.finish()
+        except FirstFailure:
+            pass  # a fault-suite run asked to stop at the first failed check
         except Exception as e:
             status, error = "error", _short_traceback(e)
     ctx.checks.extend(_contract_checks(spec, ctx.checks, status))

@@ -80,3 +80,17 @@ def build(session_cache: Path) -> Callable[..., BuildRun]:
         return run_build(out, *args, cache=session_cache)
 
     return _build
+
+
+def build_module():
+    """build.py imported as a module (it is a script, not a package), once per session."""
+    import importlib.util
+
+    name = "k3_build_module"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "build.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
