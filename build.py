@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from k3gates import compile as kcompile  # noqa: E402
-from k3gates import runner  # noqa: E402
+from k3gates import faultsuite, runner  # noqa: E402
 from k3gates.census import census as compute_census  # noqa: E402
 from k3gates.discover import (  # noqa: E402
     DiscoveryError,
@@ -54,6 +54,7 @@ CENSUS_SCHEMA = "k3-census/1"
 COMPRESSIBLE = {".html", ".css", ".js", ".json", ".svg", ".xml", ".txt", ".map"}
 KEEP_OLD_BUILDS = 2  # the current site plus one older, so in-flight requests can finish
 HISTORY_FILE = "history.jsonl"  # under site_src/: one recorded census per line, committed
+DIGESTS_FILE = "digests.jsonl"  # under site_src/: every check's digests per recorded build and CPU
 SCHEMA_FILE = "census.schema.json"  # under site_src/, published beside census.json
 
 
@@ -219,7 +220,7 @@ def build(s: Settings) -> int:
         return 1
     progress.close()
     summary(census, pages, laps)
-    status = record_history(census, s.content) if s.record else 0
+    status = record_history(census, results, s.content) if s.record else 0
     return max(status, verdict(census, results) if s.check else 0)
 
 
@@ -269,8 +270,25 @@ class Content:
     innovations: dict[str, Page] = field(default_factory=dict)  # canonical id -> page
     claims: dict[str, Level] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
+    digests: list[dict[str, Any]] = field(default_factory=list)  # recorded runs, any CPU
+    faults: dict[str, dict[str, Any]] = field(default_factory=dict)  # gate id -> fault record
     pages: list[Page] = field(default_factory=list)  # site_src/pages/**.md, e.g. the lesson
     data: dict[str, Any] = field(default_factory=dict)  # site_src/data/*.toml|json
+    facts: dict[str, list[Fact]] = field(default_factory=dict)  # canonical id -> [[facts]]
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A sentence about a measured property, and the one gate check that must pass to back it."""
+
+    text: str
+    gate: str
+    check: str
+    line: int  # the front-matter line of its `check`
+
+    @property
+    def ref(self) -> str:
+        return f"{self.gate}/{self.check}"
 
 
 MARKDOWN = MarkdownIt("commonmark", {"html": False, "typographer": True}).enable("table")
@@ -325,6 +343,8 @@ def load_content(content: Path) -> Content:
     result = Content(
         index=read_page(index_file),
         history=load_history(content / HISTORY_FILE),
+        digests=load_jsonl(content / DIGESTS_FILE, {"commit", "cpu", "vector", "gates"}),
+        faults=faultsuite.load(content / faultsuite.FAULTS_FILE),
         pages=[_extra_page(p) for p in sorted((content / "pages").rglob("*.md"))],
         data=load_data(content / "data"),
     )
@@ -337,6 +357,7 @@ def load_content(content: Path) -> Content:
                 f"{inno!r}, which {other} already claims"
             )
         result.innovations[inno], result.claims[inno] = page, claim
+        result.facts[inno] = _facts(page)
     missing = [i for i in INNOVATIONS if i not in result.innovations]
     if missing:
         raise BuildError(f"{content / 'innovations'}: no page for {', '.join(missing)}")
@@ -370,6 +391,68 @@ def _innovation_page(path: Path) -> tuple[str, Page, Level]:
                 "needs a title (and an arxiv id or a url)"
             )
     return inno, page, claim
+
+
+FACT_FIELDS = ("text", "check")
+CHECK_REF = re.compile(r"([A-Za-z0-9_.-]+)/(\S(?:.*\S)?)")  # gate_id/check_name
+
+
+def _facts(page: Page) -> list[Fact]:
+    """The page's `[[facts]]`: each sentence about a measured property names, as `check`, the
+    `gate_id/check_name` whose pass backs it (DESIGN.md, "Claims and liar-kill")."""
+    raw = page.meta.get("facts", [])
+    if not isinstance(raw, list):
+        raise BuildError(
+            f"{page.path}:{_field_line(page, 'facts')}: `facts` must be an array of tables "
+            f"([[facts]] with text and check), got {type(raw).__name__}"
+        )
+    facts = []
+    for n, entry in enumerate(raw, 1):
+        if not isinstance(entry, dict):
+            raise BuildError(
+                f"{page.path}:{_fact_line(page, n)}: fact {n}: must be a table with `text` and "
+                f"`check`, got {type(entry).__name__}"
+            )
+        unknown = sorted(set(entry) - set(FACT_FIELDS))
+        if unknown:
+            raise BuildError(
+                f"{page.path}:{_fact_line(page, n, unknown[0])}: fact {n}: unknown field "
+                f"`{unknown[0]}`; a fact has only `text` and `check`"
+            )
+        for key in FACT_FIELDS:
+            if key not in entry:
+                raise BuildError(f"{page.path}:{_fact_line(page, n)}: fact {n}: no `{key}` field")
+            if not isinstance(entry[key], str) or not entry[key].strip():
+                got = repr(entry[key]) if isinstance(entry[key], str) else type(entry[key]).__name__
+                raise BuildError(
+                    f"{page.path}:{_fact_line(page, n, key)}: fact {n}: `{key}` must be a "
+                    f"non-empty string, got {got}"
+                )
+        line = _fact_line(page, n, "check")
+        ref = CHECK_REF.fullmatch(entry["check"])
+        if not ref:
+            raise BuildError(
+                f"{page.path}:{line}: fact {n}: `check` must name gate_id/check_name, "
+                f"got {entry['check']!r}"
+            )
+        facts.append(Fact(" ".join(entry["text"].split()), ref[1], ref[2], line))
+    return facts
+
+
+def _fact_line(page: Page, n: int, key: str | None = None) -> int:
+    """The line of the n-th (1-based) `[[facts]]` table, or of its `key` when it has one."""
+    lines = page.path.read_text(encoding="utf-8").splitlines()
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == FRONT_MATTER), len(lines))
+    heads = [i for i in range(1, end) if re.match(r"\s*\[\[\s*facts\s*\]\]", lines[i])]
+    if len(heads) < n:  # an inline array, `facts = [...]`
+        return _field_line(page, "facts")
+    head = heads[n - 1]
+    for i in range(head + 1, end):
+        if lines[i].lstrip().startswith("["):  # the next table: the key is not in this one
+            break
+        if key and re.match(rf"\s*{re.escape(key)}\s*=", lines[i]):
+            return i + 1
+    return head + 1
 
 
 def _extra_page(path: Path) -> Page:
@@ -469,7 +552,7 @@ def run_gates(gates: list[GateSite], s: Settings, progress: Progress) -> list[di
     raw = runner.run_gates(
         gates, jobs=s.jobs, reuse=not s.rerun, only=set(s.only) or None, on_event=on_event
     )
-    results = runner.apply_foundations(raw)
+    results = runner.apply_requirements(raw)
     for r in results:  # verdicts that changed once the foundations gates were known
         if shown.get(r["id"]) != r["status"]:
             progress.log(
@@ -506,6 +589,7 @@ def provenance(results: list[dict[str, Any]], compiled: list[kcompile.Compiled])
         "pythran": tc["pythran"],
         "compiler": tc["compiler"],
         "cpu": tc["cpu"],
+        "cpu_vector": kcompile.cpu_vector_extensions(),
         "flags": tc["flags"],
         "gate_seconds": round(sum(r.get("seconds", 0.0) for r in results if r.get("ran")), 3),
         "gates_ran": sum(1 for r in results if r.get("ran")),
@@ -519,23 +603,93 @@ def build_census(
     results: list[dict[str, Any]], content: Content, compiled: list[kcompile.Compiled]
 ) -> dict[str, Any]:
     table = compute_census(results, content.claims)
+    by_id = {r["id"]: r for r in results}
     for row in table["innovations"]:
         page = content.innovations[row["id"]]
+        row["facts"] = back_facts(content.facts.get(row["id"], []), by_id)
         hints = page.meta.get("next", {})
         next_level = Level(min(row["score"] + 1, Level.PROVEN)).name
         row["next"] = (
             row["blocker"] if "fails" in row["blocker"] else hints.get(next_level, row["blocker"])
         )
         row["title"] = page.meta["title"]
+    prov = provenance(results, compiled)
+    gates = [_public_result(r) for r in results]
+    for g, r in zip(gates, results, strict=True):
+        attach_faults(g, content.faults.get(g["id"]))
+        g["other_cpus"] = compare_digests(g, r, content.digests, prov)
     return {
         "$schema": f"/{SCHEMA_FILE}",
         "schema": CENSUS_SCHEMA,
-        "provenance": provenance(results, compiled),
+        "provenance": prov,
         **table,
         "arithmetic": f"floor(1000 × {table['score_sum']} / {table['score_max']}) = "
         f"{table['permille']}",
-        "gates": [_public_result(r) for r in results],
+        "gates": gates,
     }
+
+
+def attach_faults(g: dict[str, Any], rec: dict[str, Any] | None) -> None:
+    """The fault-suite record for exactly this gate's code, or none: a record made on other
+    code is kept aside as stale (shown with its commit), never claimed for this code."""
+    fresh_rec = rec is not None and bool(g["code"]) and rec.get("code") == g["code"]
+    g["faults"] = rec if fresh_rec else None
+    g["faults_stale"] = rec if rec is not None and not fresh_rec else None
+    g["faults_caught"] = rec["caught"] if fresh_rec else None
+    g["faults_applicable"] = rec["applicable"] if fresh_rec else None
+
+
+def compare_digests(
+    g: dict[str, Any], r: dict[str, Any], records: list[dict[str, Any]], prov: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """For each recorded run of this gate's same code: are this build's digests bit-identical?"""
+    mine = _check_digests(r)
+    out = []
+    for rec in records:
+        theirs = rec["gates"].get(g["id"])
+        if not theirs or theirs.get("code") != g["code"] or not g["code"]:
+            continue
+        shared = sorted(set(mine) & set(theirs["checks"]))
+        differ = [name for name in shared if mine[name] != theirs["checks"][name]]
+        same_cpu = rec["cpu"] == prov["cpu"] and rec["vector"] == prov["cpu_vector"]
+        out.append(
+            {
+                "commit": rec["commit"],
+                "built_at": rec.get("built_at", ""),
+                "cpu": rec["cpu"],
+                "vector": rec["vector"],
+                "same_cpu": same_cpu,
+                "compared": len(shared),
+                "differ": differ,
+                "identical": bool(shared) and not differ,
+            }
+        )
+    return out
+
+
+def _check_digests(r: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {c["name"]: c["digests"] for c in r.get("checks", []) if c.get("digests")}
+
+
+def back_facts(facts: list[Fact], gates: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each fact against this build's gate results: backed only when its own check passed."""
+    out = []
+    for f in facts:
+        gate = gates.get(f.gate)
+        checks = (gate or {}).get("checks") or []
+        check = next((c for c in checks if c["name"] == f.check), None)
+        if gate is None:
+            reason = f"gate {f.gate} did not run in this build"
+        elif check is None:
+            status = gate.get("status", "")
+            why = "" if status in ("passed", "failed") else f" (gate {f.gate}: {status})"
+            reason = f"check {f.ref} does not exist in this build{why}"
+        elif not check["passed"]:
+            reason = f"check {f.ref} failed: {check.get('message') or 'no message'}"
+        else:
+            reason = ""
+        out.append({"text": f.text, "check": f.ref, "backed": not reason, "reason": reason})
+    return out
 
 
 def _public_result(r: dict[str, Any]) -> dict[str, Any]:
@@ -561,6 +715,8 @@ def _public_result(r: dict[str, Any]) -> dict[str, Any]:
     out = {k: r.get(k) for k in keep}
     out["file"] = _rel(r.get("file", ""))
     out["line"] = r.get("line")
+    out["requires"] = list(r.get("requires") or [])
+    out["code"] = faultsuite.code_hash(r) if r.get("deps") else ""
     return out
 
 
@@ -771,8 +927,8 @@ def _prune_builds(builds: Path, keep: Path) -> None:
 
 
 # -- history -------------------------------------------------------------------------------------
-def load_history(path: Path) -> list[dict[str, Any]]:
-    """The recorded censuses, oldest first, one JSON object per line of `path`."""
+def load_jsonl(path: Path, required: set[str]) -> list[dict[str, Any]]:
+    """One JSON object per line of `path`, each with the `required` keys; [] when absent."""
     if not path.is_file():
         return []
     records = []
@@ -783,14 +939,19 @@ def load_history(path: Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise BuildError(f"{path}:{n}: not a JSON object: {e.msg}") from e
-        missing = {"commit", "built_at", "permille", "scores"} - set(rec)
+        missing = required - set(rec)
         if missing:
             raise BuildError(f"{path}:{n}: record lacks {', '.join(sorted(missing))}")
         records.append(rec)
     return records
 
 
-def record_history(census: dict[str, Any], content: Path) -> int:
+def load_history(path: Path) -> list[dict[str, Any]]:
+    """The recorded censuses, oldest first, one JSON object per line of `path`."""
+    return load_jsonl(path, {"commit", "built_at", "permille", "scores"})
+
+
+def record_history(census: dict[str, Any], results: list[dict[str, Any]], content: Path) -> int:
     """Append this build's census, if it is a real build of a commit (clean tree)."""
     prov = census["provenance"]
     if prov["git_commit"] == "unknown" or prov["git_dirty"]:
@@ -804,6 +965,7 @@ def record_history(census: dict[str, Any], content: Path) -> int:
     history = load_history(path)
     if any(r["commit"] == prov["git_commit"] for r in history):
         log(f"record: commit {prov['git_commit'][:12]} is already recorded in {path}")
+        record_digests(census, results, content / DIGESTS_FILE)  # another CPU may add its own
         return 0
     rec = {
         "commit": prov["git_commit"],
@@ -816,7 +978,36 @@ def record_history(census: dict[str, Any], content: Path) -> int:
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")
     log(f"record: appended {census['permille']} permille at {prov['git_commit'][:12]} to {path}")
+    record_digests(census, results, content / DIGESTS_FILE)
     return 0
+
+
+def record_digests(census: dict[str, Any], results: list[dict[str, Any]], path: Path) -> None:
+    """Every check's digests with the CPU and its vector extensions, one JSON line per record:
+    the gate pages of later builds, on any machine, compare their digests with these."""
+    prov = census["provenance"]
+    rec = {
+        "commit": prov["git_commit"],
+        "built_at": prov["built_at"],
+        "cpu": prov["cpu"],
+        "vector": prov["cpu_vector"],
+        "gates": {
+            g["id"]: {"code": g["code"], "checks": _check_digests(r)}
+            for g, r in zip(census["gates"], results, strict=True)
+            if g["code"]
+        },
+    }
+    if any(
+        old["commit"] == rec["commit"]
+        and old["cpu"] == rec["cpu"]
+        and old["vector"] == rec["vector"]
+        for old in load_jsonl(path, {"commit", "cpu", "vector", "gates"})
+    ):
+        log(f"record: digests of {prov['git_commit'][:12]} on this CPU are already in {path}")
+        return
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+    log(f"record: appended the digests of {len(rec['gates'])} gates ({prov['cpu']}) to {path}")
 
 
 # -- watch ---------------------------------------------------------------------------------------
@@ -876,11 +1067,15 @@ def summary(census: dict, pages: int, laps: Laps) -> None:
 def verdict(census: dict, results: list[dict]) -> int:
     failed = [r for r in results if not r["passed"]]
     killed = [r for r in census["innovations"] if r["killed"]]
+    struck = [(r["id"], f) for r in census["innovations"] for f in r.get("facts", [])
+              if not f["backed"]]  # fmt: skip
     for r in failed:
         log(f"check: gate {r['id']} failed: {_first_failure(r)}")
     for r in killed:
         log(f"check: claim liar-killed: {r['id']}: {r['kill_reason']}")
-    return 1 if failed or killed else 0
+    for inno, f in struck:
+        log(f"check: fact struck through on {inno}: {f['text'][:80]!r}: {f['reason']}")
+    return 1 if failed or killed or struck else 0
 
 
 def log(msg: str) -> None:
