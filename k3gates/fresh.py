@@ -34,6 +34,9 @@ def run_digest(modname: str, func: str, args: tuple, *, threads: int) -> str:
         env = {
             **os.environ,
             "OMP_NUM_THREADS": str(threads),
+            # idle OpenMP threads sleep instead of spinning: on a loaded 2-core machine a
+            # spinning team made a 2 s kernel take 77 s; results do not depend on it
+            "OMP_WAIT_POLICY": "passive",
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         }
         proc = subprocess.run(

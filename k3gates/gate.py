@@ -21,6 +21,7 @@ importing it, and so can name the file and line of a bad id before anything runs
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import re
@@ -346,10 +347,11 @@ class GateContext:
         self, name: str, proves: str, func: str, *args: Any, modname: str | None = None
     ) -> bool:
         """Run compiled `func(*args)` in fresh processes with OMP_NUM_THREADS=1 and =2 and here;
-        every digest must be equal. The module must hold an `omp parallel` loop, or the thread
-        count could not matter and the check would prove nothing."""
+        every digest must be equal. `func` must reach an `omp parallel` loop (in its body or a
+        kernel it calls), or the thread count could not matter and the check would prove
+        nothing."""
         mod = self._modname(modname)
-        loops = omp_loops(mod)
+        loops = omp_loops(mod, func)
         t0 = time.perf_counter()
         runs = {"this process": digest(*_as_tuple(getattr(self.compiled(mod), func)(*args)))}
         for n in THREAD_COUNTS:
@@ -358,7 +360,7 @@ class GateContext:
             )
         passed = loops > 0 and len(set(runs.values())) == 1
         if loops == 0:
-            message = f"{mod} has no `omp parallel` loop: the thread count cannot matter"
+            message = f"{mod}.{func} reaches no `omp parallel` loop: the thread count cannot matter"
         else:
             message = "" if passed else f"digests differ: {runs}"
         self._record(
@@ -368,7 +370,7 @@ class GateContext:
                 proves,
                 passed,
                 digests=runs,
-                values={"function": func, "omp_loops_in_module": loops},
+                values={"function": func, "omp_loops_reached": loops},
                 seconds=time.perf_counter() - t0,
                 message=message,
             )
@@ -461,12 +463,31 @@ def _blindness(over: float | None, zero_fails: bool | None) -> str:
 _OMP = re.compile(r"#\s*omp\s+parallel")
 
 
-def omp_loops(modname: str) -> int:
-    """`omp parallel` pragmas in a kernels module and the kernel modules it imports."""
-    return sum(
-        len(_OMP.findall(p.read_text(encoding="utf-8")))
-        for p in kcompile.dependencies(modname).values()
-    )
+def omp_loops(modname: str, func: str) -> int:
+    """`omp parallel` pragmas that a call of `func` can reach: in its own body and, transitively,
+    in every kernel function it calls (by name, across the kernel modules it imports)."""
+    bodies: dict[str, tuple[int, set[str]]] = {}  # function -> (pragmas in body, names called)
+    for path in kcompile.dependencies(modname).values():
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef):
+                body = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+                calls = {
+                    c.func.id
+                    for c in ast.walk(node)
+                    if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                }
+                bodies.setdefault(node.name, (len(_OMP.findall(body)), calls))
+    seen: set[str] = set()
+    todo = [func]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in bodies:
+            continue
+        seen.add(name)
+        todo.extend(bodies[name][1])
+    return sum(bodies[name][0] for name in seen)
 
 
 def _jsonable(value: Any) -> Any:

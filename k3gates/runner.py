@@ -141,23 +141,25 @@ def apply_requirements(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for req in r.get("requires") or []:
             mine.append((req, "proves the kernels this gate composes"))
         needs[r["id"]] = mine
-    verdict: dict[str, bool] = {}
+    own = {gid: bool(r["passed"]) for gid, r in by_id.items()}
 
-    def passes(gate_id: str, trail: tuple[str, ...] = ()) -> bool:
-        if gate_id not in verdict:
-            r = by_id.get(gate_id)
-            own = bool(r and r["passed"])
-            deps_ok = all(
-                d not in trail and passes(d, (*trail, gate_id)) for d, _ in needs.get(gate_id, [])
-            )
-            verdict[gate_id] = own and deps_ok
-        return verdict[gate_id]
+    def reachable(gate_id: str) -> set[str]:
+        """Every gate `gate_id` builds on, transitively (cycles among foundations are fine)."""
+        seen: set[str] = set()
+        todo = [d for d, _ in needs.get(gate_id, [])]
+        while todo:
+            d = todo.pop()
+            if d not in seen:
+                seen.add(d)
+                todo.extend(x for x, _ in needs.get(d, []))
+        return seen
 
     out = []
     for r in results:
         extra = []
         for dep, why in needs[r["id"]]:
-            ok = dep in by_id and passes(dep)
+            below = reachable(dep) - {r["id"]}
+            ok = own.get(dep, False) and all(own.get(x, False) for x in below)
             if dep not in by_id:
                 reason = f"required gate {dep} did not run in this build"
             elif not by_id[dep]["passed"]:

@@ -21,6 +21,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_GATES = ROOT / "tests" / "fixtures" / "fixture_gates"
 
+# Gates that fail honestly on this code, each with the one check that fails it. A test fails if
+# any other gate or check fails, and also if one of these starts to pass (then remove it here).
+# Both fail the shared training helper's relative tolerance of 3% to the float64 twin, declared
+# before any run (issue 13, item 10):
+# - muon_training: the integer per-head Muon run ends 24% below the float64 run's loss (0.0034
+#   vs 0.0044 at step 195; both under the 0.01 threshold): the trajectories part after step 150.
+# - attnres_training: the run goes on far below its 1e-8 threshold, to losses of 1e-14 where the
+#   integer loss's own resolution dominates, and the ratio there reaches 2.4.
+HONEST_FAILURES = {"muon_training": {"loss_curve"}, "attnres_training": {"loss_curve"}}
+
 
 @dataclass
 class BuildRun:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, BuildRun, tree_digest
+from conftest import HONEST_FAILURES, ROOT, BuildRun, tree_digest
 
 from k3gates.registry import INNOVATIONS
 
@@ -47,13 +47,13 @@ def test_mxfp_is_have_with_every_check_passing(built_site: BuildRun):
     }
 
 
-def test_every_gate_of_the_project_passes(built_site: BuildRun):
+def test_every_gate_of_the_project_passes_but_the_honest_failures(built_site: BuildRun):
     failed = {
-        g["id"]: g["error"] or [c["name"] for c in g["checks"] if not c["passed"]]
+        g["id"]: g["error"] or {c["name"] for c in g["checks"] if not c["passed"]}
         for g in built_site.census["gates"]
         if not g["passed"]
     }
-    assert not failed
+    assert failed == HONEST_FAILURES
 
 
 def test_liar_killed_claims_are_struck_through_with_the_reason(

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from conftest import BuildRun
+from conftest import HONEST_FAILURES, BuildRun
 
 GATES = {"muon_ns5": "PARTIAL", "muon_step": "HAVE", "muon_perhead": "STRONG",
          "muon_training": "PROVEN"}  # fmt: skip
 
 
-def test_perheadmuon_is_proven_with_every_check_passing(built_site: BuildRun):
+def test_perheadmuon_stands_at_strong_while_its_training_gate_fails_honestly(built_site):
+    """muon_training fails the training helper's 3% twin tolerance (conftest.HONEST_FAILURES):
+    the census shows STRONG, and the page's PROVEN claim is liar-killed with that reason."""
     row = next(r for r in built_site.census["innovations"] if r["id"] == "perheadmuon")
-    assert row["level"] == "PROVEN" and not row["killed"]
+    assert row["level"] == "STRONG" and row["killed"]
+    assert "gate muon_training (PROVEN) fails: check loss_curve" in row["kill_reason"]
     gates = {g["id"]: g for g in built_site.census["gates"] if g["innovation"] == "perheadmuon"}
     assert {gid: g["level"] for gid, g in gates.items()} == GATES
     for gid, g in gates.items():
-        assert g["passed"] and all(c["passed"] for c in g["checks"]), gid
+        failing = {c["name"] for c in g["checks"] if not c["passed"]}
+        assert failing == HONEST_FAILURES.get(gid, set()), gid
         if g["level"] != "PARTIAL":
             kinds = {c["kind"] for c in g["checks"]}
             assert {"nofloat", "compiled", "reference", "deterministic", "property"} <= kinds, gid
         for c in g["checks"]:
-            if c["kind"] == "reference":
+            if c["kind"] == "reference" and c["name"] not in HONEST_FAILURES.get(gid, set()):
                 assert c["measured"] <= c["bound"], (gid, c["name"])
 
 

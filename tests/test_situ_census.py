@@ -58,6 +58,20 @@ def test_every_bound_is_declared_measured_and_at_least_as_tight_as_gemmlowp(buil
     assert seen == FX_FUNCTIONS
 
 
+def test_the_gemmlowp_anchors_are_a_displayed_table_not_a_check(built_site: BuildRun):
+    """Two constants compared cannot fail: the anchors are a table on the gate pages."""
+    key = "table:declared bounds beside gemmlowp's fixedpoint.h tolerances (LSB of Q0.31)"
+    rows = {}
+    for g in gates(built_site, "fx_"):
+        assert not any(c["name"].startswith("anchor_") for c in g["checks"]), g["id"]
+        rows |= {r[0]: (g["id"], r) for r in g["artifacts"].get(key, {}).get("rows", [])}
+    assert set(rows) == set(ANCHORS)
+    for fn, (gate_id, (_, bound, anchor, holds)) in rows.items():
+        assert anchor == ANCHORS[fn] and bound <= anchor and holds == "yes", fn
+        page = (built_site.out / "gates" / gate_id / "index.html").read_text()
+        assert "gemmlowp" in page and f"<td>{anchor}</td>" in page.replace(" ", ""), fn
+
+
 def page_rows(text: str) -> list[list[str]]:
     rows = re.findall(r'<tr class="(?:ok|bad)">(.*?)</tr>', text, re.S)
     cell = re.compile(r"<t[hd][^>]*>(.*?)</t[hd]>", re.S)

@@ -20,6 +20,7 @@ import numpy as np
 from k3gates.fx import quantize
 from k3gates.fx.checks import lsb
 from k3gates.gate import GateContext, gate
+from k3gates.training import check_training
 
 from . import reference as ref
 from .kernels import (
@@ -89,29 +90,28 @@ def forward_ref(v: np.ndarray, w: np.ndarray, eps_raw: int = EPS_RAW):
 def check_shuffled_tokens(
     ctx: GateContext, name: str, fn, v: np.ndarray, what: str, per_token: tuple, g=None
 ) -> None:
-    """Two runs, and a run over the tokens in a shuffled order, give the same bits. Outputs
+    """A run over the tokens in a shuffled order gives the same bits as a run in order. Outputs
     flagged in `per_token` are indexed by token and un-shuffled; the others (sums over tokens,
     counts) must come out bit-identical as they are."""
     perm = np.random.default_rng(SEED + 99).permutation(v.shape[1])
     inv = np.argsort(perm)
     vs = np.ascontiguousarray(v[:, perm])
     gs = None if g is None else np.ascontiguousarray(g[perm])
-    first = fn(v, g)
     shuffled = fn(vs, gs)
     back = tuple(
         np.asarray(o)[inv] if flag else o for o, flag in zip(shuffled, per_token, strict=True)
     )
     ctx.check_deterministic(
         name,
-        f"two runs of {what}, and a run over the same tokens in a shuffled order, give "
-        "bit-identical outputs",
-        {"first": first, "second": fn(v, g), "shuffled tokens": back},
+        f"{what} over the tokens in a shuffled order (un-shuffled after) gives outputs "
+        "bit-identical to the run in order",
+        {"tokens in order": fn(v, g), "tokens shuffled": back},
     )
 
 
-def compiled_check(ctx: GateContext, name: str, func: str, *args) -> None:
+def compiled_check(ctx: GateContext, name: str, func: str, *args, inputs: str) -> None:
     getattr(ctx.compiled(), func)(*args)  # warm-up: the first call starts OpenMP's pool
-    ctx.check_compiled_matches_interpreted(name, func, *args)
+    ctx.check_compiled_matches_interpreted(name, func, *args, inputs=inputs)
 
 
 def small_negative_problem(rng: np.random.Generator, n: int = 3, t_len: int = 4, d: int = 8):
@@ -121,6 +121,28 @@ def small_negative_problem(rng: np.random.Generator, n: int = 3, t_len: int = 4,
     v[1, 1] = 0
     v[2, 2, ::2] *= -1
     return np.ascontiguousarray(v), -np.abs(query(rng, 20.0, d))
+
+
+def branch_problem(n: int = 4, t_len: int = 6, d: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """v [n, T, d], w [d] for compiled == interpreted (used with eps = 0), built to reach every
+    branch of the forward's own code: tokens of both signs, a constant row at 2^30 (the wide sum
+    of squares truncates), a zero row (key 0), rows aligned and anti-aligned with w (|w| = 127
+    on four components: scores of about ±517 saturate at 2^9), a row whose v . w is exactly
+    -2^31 (the wide sum's negative exact case), and tokens 3 to 5 off w's large components, whose
+    depth softmax (scores of a few units) is far from one-hot, so the gradient is not zero."""
+    rng = np.random.default_rng(SEED + 50)
+    sign = np.where(rng.integers(0, 2, d) == 0, 1, -1)
+    w = sign * np.array([0, 127, 127, 127, 127] + [3] * (d - 5), dtype=np.int64) << F
+    w[0] = 2
+    v = sources(rng, n, t_len, d)
+    v[:, ::2] = -np.abs(v[:, ::2])
+    v[:, 3:, 1:5] = 0
+    v[0, 0], v[1, 0] = V_TOP, 0
+    v[2, 1] = sign * V_TOP
+    v[3, 1] = -v[2, 1]
+    v[0, 2] = 0
+    v[0, 2, 0] = -(1 << 30)
+    return np.ascontiguousarray(v), np.ascontiguousarray(w)
 
 
 # == PARTIAL: the key norm and the depth softmax ================================================
@@ -174,8 +196,14 @@ def attnres_pieces(ctx: GateContext) -> None:
         },
     )
     _key_scaling(ctx, k, rng)
-    vs, _ = small_negative_problem(rng)
-    compiled_check(ctx, "compiled_keys", "attnres_keys", vs, EPS_RAW, F, FK)
+    vb, _ = branch_problem()
+    compiled_check(
+        ctx, "compiled_keys", "attnres_keys", vb, 0, F, FK,
+        inputs="a slice: 4 sources × 6 tokens × d = 8 with eps = 0, which reaches every branch "
+        "of attnres_keys because it holds a constant row at 2^30 (the exact sum of squares "
+        "exceeds 2^62 and is truncated), a zero row (key 0) and values of both signs (roundings "
+        "both ways); mul_shift's guards for shifts outside [0, 124] cannot fire for keys",
+    )  # fmt: skip
     worst = max(c.measured for c in ctx.checks if c.kind == "reference")
     ctx.evidence(f"RMS keys and depth softmax within {worst:.6f} LSB of float64")
 
@@ -272,8 +300,16 @@ def attnres_forward(ctx: GateContext) -> None:
     _uniform_mean(ctx, k, rng)
     _single_source(ctx, k, rng)
     _scaled_source(ctx, k, rng)
-    vs, ws = small_negative_problem(rng)
-    compiled_check(ctx, "compiled_forward", "attnres_forward", vs, ws, EPS_RAW, F, F)
+    vb, wb = branch_problem()
+    compiled_check(
+        ctx, "compiled_forward", "attnres_forward", vb, wb, 0, F, F,
+        inputs="a slice: 4 sources × 6 tokens × d = 8 with eps = 0, which reaches every branch "
+        "of attnres_forward's own code because it holds a constant row at 2^30 (truncated wide "
+        "sums), a zero row (key 0, score 0), rows aligned and anti-aligned with w (scores of "
+        "±517 saturate at 2^9), a dot of exactly -2^31, tokens with a spread-out softmax and "
+        "values of both signs; mul_shift's guards for shifts outside [0, 124] cannot fire for "
+        "scores",
+    )  # fmt: skip
     v9, w9 = with_edges(rng, sources(rng, 9)), query(rng, 20.0)
     check_shuffled_tokens(
         ctx,
@@ -283,6 +319,12 @@ def attnres_forward(ctx: GateContext) -> None:
         "the forward (9 sources, 256 tokens)",
         (True, True, False),
     )
+    ctx.check_threads(
+        "threads",
+        "the forward (9 sources, 256 tokens; an OpenMP loop over tokens) gives bit-identical h, "
+        "alpha in fresh processes with 1 and 2 OpenMP threads and here",
+        "attnres_forward", v9, w9, EPS_RAW, F, F,
+    )  # fmt: skip
     worst = {c.name: c.measured for c in ctx.checks if c.kind == "reference"}
     ctx.evidence(
         f"h within {worst['h_vs_float64']:.6f} LSB and α within {worst['alpha_vs_float64']:.6f} "
@@ -501,18 +543,28 @@ def _range_rows(n_layers, bs, outs, prefixes, nblocks, floats) -> list[list]:
 
 
 def _stack_compiled_and_deterministic(ctx: GateContext, k) -> None:
-    tiny = stack_problem(SEED + 7, 3, t_len=2, d=8)
-    tiny["emb"] = np.ascontiguousarray(-np.abs(tiny["emb"]))
+    tiny = stack_problem(SEED + 7, 3, t_len=3, d=8)
+    emb = tiny["emb"].copy()
+    emb[0], emb[1] = V_TOP, 0  # a constant row at 64 (saturates the prefix), a zero row
+    emb[2, ::2] = -emb[2, ::2]
+    wq = tiny["wq"].copy()
+    wq[1:] = 75 << F  # sqrt(d) ||w|| = 600, aligned with the constant row: scores saturate
+    wq[3, 0] = 2
     compiled_check(
-        ctx, "compiled_stack", "attnres_stack", tiny["emb"], tiny["wq"], tiny["mats"], 2, EPS_RAW
-    )
+        ctx, "compiled_stack", "attnres_stack", emb, wq, tiny["mats"], 2, 0,
+        inputs="a slice: 3 layers, block 2, 3 tokens × d = 8, eps = 0, which reaches every "
+        "branch of attnres_stack because layer 0 reads the embedding (no blocks), blocks are "
+        "pushed at layers 0 and 2, a constant row at 64 saturates the prefix and truncates the "
+        "wide sums, a zero row has key 0, pseudo-queries of sqrt(d)·||w|| = 600 saturate "
+        "scores, and values have both signs (the wide sum's negative exact case runs in "
+        "compiled_forward)",
+    )  # fmt: skip
     p = stack_problem(SEED + 24, 24)
 
     def run(emb, _g):
         return k.attnres_stack(emb[0], p["wq"], p["mats"], 12, EPS_RAW)
 
     perm = np.random.default_rng(SEED + 98).permutation(STACK_T)
-    first = run(p["emb"][None], None)
     shuffled = run(np.ascontiguousarray(p["emb"][perm])[None], None)
     inv = np.argsort(perm)
     back = (
@@ -525,9 +577,9 @@ def _stack_compiled_and_deterministic(ctx: GateContext, k) -> None:
     )
     ctx.check_deterministic(
         "deterministic",
-        "two runs of the 24-layer stack, and a run over its tokens in a shuffled order, give "
-        "bit-identical outputs at every call",
-        {"first": first, "second": run(p["emb"][None], None), "shuffled tokens": back},
+        "the 24-layer stack run over its tokens in a shuffled order (un-shuffled after) gives "
+        "outputs bit-identical to the run in order at every call",
+        {"tokens in order": run(p["emb"][None], None), "tokens shuffled": back},
     )
 
 
@@ -594,9 +646,17 @@ def attnres_grad(ctx: GateContext) -> None:
     )
     _finite_differences(ctx, rng)
     _grad_properties(ctx, k, rng)
-    vs, ws = small_negative_problem(rng)
-    gs = -np.abs(upstream(rng, vs.shape[1], vs.shape[2]))
-    compiled_check(ctx, "compiled_grad", "attnres_grad_w", vs, ws, gs, EPS_RAW, F, F, F)
+    vb, wb = branch_problem()
+    gb = upstream(np.random.default_rng(SEED + 51), vb.shape[1], vb.shape[2])
+    gb[0], gb[3] = -np.abs(gb[0]), 0
+    compiled_check(
+        ctx, "compiled_grad", "attnres_grad_w", vb, wb, gb, 0, F, F, F,
+        inputs="a slice: the forward's 4 × 6 × 8 branch problem (eps = 0) with an upstream "
+        "gradient of both signs and one zero token, which reaches every branch of "
+        "attnres_grad_w (u = 0, saturated scores, zero keys, truncated and exact wide sums, "
+        "roundings both ways) except the all-zero-gradient early return (g = 0 everywhere) and "
+        "the guards of wide_round and mul_shift for shifts these magnitudes never reach",
+    )  # fmt: skip
     v9, w9, g9 = sources(rng, 9, GRAD_T), query(rng, 20.0), upstream(rng, GRAD_T)
     check_shuffled_tokens(
         ctx,
@@ -669,13 +729,16 @@ def _grad_properties(ctx: GateContext, k, rng: np.random.Generator) -> None:
 # to Q.24, so ||h_t - target_t||^2 keeps about d (2^-24)^2 / 6 = 2.5e-13 per token (1/2 of it
 # counts), and w's Q.28 rounding adds less. A float64 run of the same descent reaches 1e-17.
 LOSS_THRESHOLD = 1e-8  # from about 10: nine orders of magnitude
-# A declared tolerance, not a derived bound (descent on a non-convex loss has none): at every
-# step |L_int - L_float| <= 1e-3 L_float + 1e-10 (1e-10: above the integer floor).
-CURVE_REL, CURVE_ABS = 1e-3, 1e-10
+# A declared tolerance, not a derived bound (descent on a non-convex loss has none): integer /
+# float64 loss within 3% (relative) at every logged step, declared before any run for all three
+# training gates: below the 5% discrimination cap, and above what the narrowest format in the
+# loop can move the loss over the run. It differs from LOSS_THRESHOLD, a different thing.
+CURVE_REL_TOL = 0.03
 TRAIN_N, TRAIN_T, TRAIN_D = 8, 256, 64
 TRAIN_STEPS, TRAIN_LR_SHIFT = 150, 13  # lr 2^-13 on the sum over 256 tokens: 2^-5 on the mean
 TRAIN_FW = 28  # w in Q.28: |w| < 8
 TEACHER_SIZE = 12.0  # sqrt(d) ||w*||
+TEACHER_REL_TOL = 1e-4  # declared: each component of the learned w within 1e-4 ||w*|| of w*
 
 
 def teacher_problem(seed: int) -> dict[str, np.ndarray]:
@@ -693,9 +756,29 @@ def teacher_problem(seed: int) -> dict[str, np.ndarray]:
     return {"v": v, "target": np.ascontiguousarray(target), "w_star": w_star}
 
 
-def _train(k, p: dict, steps: int = TRAIN_STEPS) -> tuple:
+def _train_args(p: dict, steps: int = TRAIN_STEPS) -> tuple:
+    """The arguments of the whole training run, `train_w(*args)`."""
     w0 = np.zeros(TRAIN_D, dtype=np.int64)
-    return k.train_w(p["v"], p["target"], w0, steps, TRAIN_LR_SHIFT, EPS_RAW, F, TRAIN_FW)
+    return (p["v"], p["target"], w0, steps, TRAIN_LR_SHIFT, EPS_RAW, F, TRAIN_FW)
+
+
+def _train(k, p: dict, steps: int = TRAIN_STEPS) -> tuple:
+    return k.train_w(*_train_args(p, steps))
+
+
+def _saturating_train_problem() -> tuple:
+    """train_w's arguments for compiled == interpreted: 3 sources × 4 tokens × d = 8 with rows
+    at ±2^30 and a zero row (eps = 0), a target at -2^30 (residuals saturate), w starting at
+    ±(2^31 - 5) (w saturates), lr 2^-4 (steps shifted left), 3 steps."""
+    rng = np.random.default_rng(SEED + 6)
+    v = sources(rng, 3, 4, 8)
+    v[:, 1] = -np.abs(v[:, 1])
+    v[0, 0], v[1, 0], v[2, 2] = V_TOP, -V_TOP, 0
+    target = -sources(rng, 1, 4, 8)[0]
+    target[0] = -V_TOP
+    w0 = np.zeros(8, dtype=np.int64)
+    w0[3], w0[4] = (1 << 31) - 5, -((1 << 31) - 5)
+    return (np.ascontiguousarray(v), np.ascontiguousarray(target), w0, 3, 4, 0, F, TRAIN_FW)
 
 
 def train_losses(out: tuple) -> np.ndarray:
@@ -708,19 +791,19 @@ def train_losses(out: tuple) -> np.ndarray:
     innovation="attnres",
     level="PROVEN",
     kernels=["k3gates.attnres.kernels"],
-    bounds={"loss_curve": 1.0},
+    bounds={"loss_curve": CURVE_REL_TOL, "teacher_found": TEACHER_REL_TOL},
     timeout=300,
 )
 def attnres_training(ctx: GateContext) -> None:
     """The pseudo-query learned by integer gradient descent from zero (the uniform mean) to a
-    teacher's weighting: loss below 1e-8, bit-identical across runs and token orders, beside
-    float64."""
+    teacher's weighting: loss below 1e-8, within 3% of float64 at every step, bit-identical in
+    a fresh process with another thread count and over the tokens in another order."""
     k = ctx.compiled()
     p = teacher_problem(SEED + 3)
+    args = _train_args(p)
     t0 = time.perf_counter()
-    first = _train(k, p)
+    first = k.train_w(*args)
     seconds = time.perf_counter() - t0
-    second = _train(k, p)
     perm = np.random.default_rng(SEED + 4).permutation(TRAIN_T)
     shuffled = _train(
         k,
@@ -738,59 +821,48 @@ def attnres_training(ctx: GateContext) -> None:
         2.0**-TRAIN_LR_SHIFT,
         real(EPS_RAW, 2 * F),
     )
-    ctx.check_reference(
-        "loss_curve",
-        f"at every step the integer run's loss is within {CURVE_REL:g} × the float64 run's "
-        f"loss + {CURVE_ABS:g} (a declared tolerance) of a float64 run of the same descent",
-        np.abs(curve - floats) / (CURVE_REL * floats + CURVE_ABS),
-        np.zeros_like(curve),
-        unit="tolerance units",
-        domain=f"{TRAIN_STEPS + 1} steps",
-    )
-    ctx.check(
-        "loss_below_threshold",
-        f"the integer run's final loss is below the declared threshold {LOSS_THRESHOLD:g}",
-        curve[-1] < LOSS_THRESHOLD,
-        message=f"final loss {curve[-1]:.3e} >= {LOSS_THRESHOLD:g}",
-        initial=float(curve[0]),
-        final=float(curve[-1]),
+    check_training(
+        ctx,
+        curve=curve,
+        twin=floats,
         threshold=LOSS_THRESHOLD,
+        unit="1/2 mean ||h - target||^2",
+        rerun=("train_w", args),
+        first=first,
     )
-    w_err = float(
-        np.linalg.norm(real(first[2], TRAIN_FW) - p["w_star"]) / np.linalg.norm(p["w_star"])
-    )
-    ctx.check(
-        "no_saturation_and_teacher_found",
-        "no score, residual or weight saturated, and the learned w is within 10^-4 (relative) "
-        "of the teacher's w*: the weighting itself was learned, not just a low loss",
-        int(first[3]) == 0 and w_err < 1e-4,
-        saturations=int(first[3]),
+    w_learned = real(first[2], TRAIN_FW)
+    scale = float(np.linalg.norm(p["w_star"]))
+    w_err = float(np.linalg.norm(w_learned - p["w_star"]) / scale)
+    ctx.check_reference(
+        "teacher_found",
+        "every component of the learned w is within 10^-4 ||w*|| (declared) of the teacher's "
+        "w*: the weighting itself was learned, not just a low loss",
+        w_learned / scale,
+        p["w_star"] / scale,
+        unit="fraction of ||w*||",
         relative_distance_to_teacher=w_err,
     )
+    ctx.check(
+        "no_saturation",
+        "no score, residual or weight saturated in any step of the run",
+        int(first[3]) == 0,
+        saturations=int(first[3]),
+    )
     ctx.check_deterministic(
-        "bit_identical_runs",
-        "two runs, and a run over the tokens in a shuffled order, give bit-identical loss "
-        "curves and final pseudo-queries (every sum is exact)",
-        {"first": first, "second": second, "shuffled tokens": shuffled},
+        "shuffled_tokens",
+        "the descent over the tokens in a shuffled order gives loss curves and a final "
+        "pseudo-query bit-identical to the run in order (every sum is exact)",
+        {"tokens in order": first, "tokens shuffled": shuffled},
     )
-    tiny = {
-        "v": np.ascontiguousarray(-p["v"][:3, :4, :8]),
-        "target": np.ascontiguousarray(p["target"][:4, :8]),
-    }
-    w0 = -np.abs(query(np.random.default_rng(SEED + 5), 4.0, 8)) << (TRAIN_FW - F)
     compiled_check(
-        ctx,
-        "compiled_train",
-        "train_w",
-        tiny["v"],
-        tiny["target"],
-        w0,
-        2,
-        TRAIN_LR_SHIFT - 5,
-        EPS_RAW,
-        F,
-        TRAIN_FW,
-    )
+        ctx, "compiled_train", "train_w", *_saturating_train_problem(),
+        inputs="a slice: 3 sources × 4 tokens × d = 8, eps = 0, 3 steps at lr 2^-4, which "
+        "reaches train_w's branches because rows at ±2^30 and a target at -2^30 saturate the "
+        "residual, w starts at ±(2^31 - 5) and saturates, the large gradients shift steps left, "
+        "w = 0 and a zero row give zero scores and keys, and values have both signs (scores "
+        "cannot saturate with w in Q.28 at d = 8; the gradient's all-zero return needs "
+        "h = target exactly)",
+    )  # fmt: skip
     _training_artifacts(ctx, curve, floats, seconds, w_err)
 
 
@@ -830,6 +902,6 @@ def _training_artifacts(ctx: GateContext, curve, floats, seconds: float, w_err: 
     )
     ctx.evidence(
         f"integer descent on w: loss {curve[0]:.2f} → {curve[-1]:.1e} in {TRAIN_STEPS} steps "
-        f"(threshold {LOSS_THRESHOLD:g}), w within {w_err:.0e} of the teacher, runs bit-identical "
-        f"({seconds:.2f} s)"
+        f"(threshold {LOSS_THRESHOLD:g}), w within {w_err:.0e} of the teacher, bit-identical "
+        f"with another thread count and token order ({seconds:.2f} s)"
     )

@@ -6,6 +6,7 @@ on the residual path and the LatentMoE FFN, in integers, held against float64 st
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
@@ -33,12 +34,15 @@ MLA_ROW = np.zeros(512 + 64, dtype=np.int32)
 CONTEXTS = [1 << e for e in range(0, 21, 2)]  # 1 .. 2^20 tokens
 
 
+# The schedule interleaves KDA and Gated MLA layers and counts their state and caches: it
+# requires the gates proving those two modules' serve forms, the layers it schedules.
 @gate(
     "k3block_schedule",
     innovation="k3block",
     level="PARTIAL",
     kernels=["k3gates.k3block.kernels"],
     bounds={"memory_exact": 0},
+    requires=["kda_gate_decay", "kda_recurrent", "mla_latent", "mla_forward"],
 )
 def k3block_schedule(ctx: GateContext) -> None:
     """K3's 93 layers are 69 KDA and 24 Gated MLA, MLA at 4, 8, ..., 92 and 93: 3:1 with a final
@@ -61,7 +65,10 @@ def k3block_schedule(ctx: GateContext) -> None:
         "layer, and the 93rd is a final MLA layer",
         bool((groups == np.array([0, 0, 0, 1], dtype=np.int8)).all()) and kinds[92] == 1,
     )
-    gaps = [min(m - (i + 1) for m in mla if m >= i + 1) for i in range(kinds.size)]
+    # layers from each layer to the next MLA layer at or after it (the depth when there is none)
+    gaps = [
+        min((m - (i + 1) for m in mla if m >= i + 1), default=kinds.size) for i in range(kinds.size)
+    ]
     ctx.check(
         "global_within_three",
         "every KDA layer's output reaches a global (MLA) layer within at most 3 layers, and the "
@@ -83,22 +90,51 @@ def k3block_schedule(ctx: GateContext) -> None:
         cases=len(other),
         first_wrong=str(wrong[:1]),
     )
-    _memory(ctx, k, kinds, mla)
-    ctx.check_compiled_matches_interpreted("compiled", "layer_schedule", 93, 4)
+    ratio = _memory(ctx, k, kinds, mla)
+    ctx.check_compiled_matches_interpreted(
+        "compiled",
+        "layer_schedule",
+        93,
+        4,
+        inputs="the gate's real inputs: K3's 93 layers, period 4, which reach both MLA rules "
+        "(a multiple of the period, and the last layer) and the KDA layers",
+    )
+    state, row = int(KDA_STATE.nbytes), int(MLA_ROW.nbytes)
+    ctx.check_compiled_matches_interpreted(
+        "compiled_memory",
+        "attention_bytes",
+        kinds,
+        state,
+        row,
+        CONTEXTS[-1],
+        inputs="the gate's real inputs at its longest context: K3's 93-layer schedule, the KDA "
+        "state and MLA row bytes, 2^20 tokens, whose total (about 2^36) is the largest the gate "
+        "counts",
+    )
+    # the count depends on how many layers are of each kind, never on their order
+    rng = np.random.default_rng(BLOCK_SEED)
+    orders = {"schedule order": kinds, "reversed": kinds[::-1].copy()}
+    orders["shuffled"] = kinds[rng.permutation(kinds.size)]
     ctx.check_deterministic(
         "deterministic",
-        "two runs of the schedule give the same bits",
-        {"first": k.layer_schedule(93, 4), "second": k.layer_schedule(93, 4)},
+        "the attention bytes of the 93 layers at every context from 1 to 2^20 tokens are the "
+        "same bits with the layers in schedule order, reversed and shuffled: the count sums "
+        "independent layers, in any order",
+        {
+            label: tuple(np.int64(k.attention_bytes(o, state, row, t)) for t in CONTEXTS)
+            for label, o in orders.items()
+        },
     )
     ctx.evidence(
         f"93 layers: {int(kinds.size - kinds.sum())} KDA + {len(mla)} MLA at 4, 8, ..., 92, 93; "
-        "the attention memory of the stack measured from arrays up to 2^20 tokens"
+        f"the attention memory counted exactly up to 2^20 tokens, where 93 MLA layers would "
+        f"hold {ratio:.2f} times as much"
     )
 
 
-def _memory(ctx: GateContext, k, kinds: np.ndarray, mla: list[int]) -> None:
+def _memory(ctx: GateContext, k, kinds: np.ndarray, mla: list[int]) -> float:
     """The stack's attention memory: 69 fixed KDA states plus 24 growing MLA caches, against the
-    same 93 layers all MLA (the 'no KDA' alternative)."""
+    same 93 layers all MLA (the 'no KDA' alternative). Returns that ratio at 2^20 tokens."""
     state, row = int(KDA_STATE.nbytes), int(MLA_ROW.nbytes)
     all_mla = np.ones(ref.K3_LAYERS, dtype=np.int8)
     got = [k.attention_bytes(kinds, state, row, t) for t in CONTEXTS]
@@ -112,24 +148,18 @@ def _memory(ctx: GateContext, k, kinds: np.ndarray, mla: list[int]) -> None:
         unit="bytes",
     )
     every = [k.attention_bytes(all_mla, state, row, t) for t in CONTEXTS]
+    # a displayed fact, not a check: both columns follow from the constant sizes above
     ctx.artifact(
         "table:attention memory of 93 layers (int32 storage, K3 dimensions)",
         {
             "columns": ["tokens", "K3: 69 KDA + 24 MLA (MiB)", "93 MLA layers (MiB)", "ratio"],
             "rows": [
-                [t, g / 2**20, e / 2**20, e / g]
+                [t, g / 2**20, e / 2**20, e / g if g else None]
                 for t, g, e in zip(CONTEXTS, got, every, strict=True)
             ],
         },
     )
-    ctx.check(
-        "kda_saves_memory",
-        "at 2^20 tokens the 3:1 stack holds less attention memory than 93 MLA layers would: the "
-        "KDA layers' fixed states cost less than the caches they replace",
-        got[-1] < every[-1],
-        k3_mib=got[-1] / 2**20,
-        all_mla_mib=every[-1] / 2**20,
-    )
+    return every[-1] / got[-1] if got[-1] else float("nan")
 
 
 # == HAVE: the composed block ====================================================================
@@ -430,6 +460,10 @@ def block_outputs(rec: dict) -> tuple[np.ndarray, ...]:
 Q24, Q20, Q16 = "LSB (2^-24)", "LSB (2^-20)", "LSB (2^-16)"
 
 
+# The block runs the serve-form kernels of kda, mla, moe (and the situ kernels its experts
+# import) and attnres: it requires every gate that proves one of those kernels (fx's gates apply
+# by themselves). The training forms it never runs (kda_chunked, the backward passes, the
+# training runs) prove other kernels, so they are not its requirements.
 @gate(
     "k3block_forward",
     innovation="k3block",
@@ -437,6 +471,19 @@ Q24, Q20, Q16 = "LSB (2^-24)", "LSB (2^-20)", "LSB (2^-16)"
     kernels=list(KERNEL_MODULES.values()),
     bounds=_block_bounds(),
     timeout=900,
+    requires=[
+        "kda_gate_decay",
+        "kda_recurrent",
+        "mla_latent",
+        "mla_forward",
+        "moe_router",
+        "moe_layer",
+        "attnres_pieces",
+        "attnres_forward",
+        "attnres_stack",
+        "situ_pieces",
+        "situ_forward",
+    ],
 )
 def k3block_forward(ctx: GateContext) -> None:
     """The composed K3 block: three KDA layers then one Gated MLA layer (the schedule's first
@@ -476,6 +523,7 @@ def k3block_forward(ctx: GateContext) -> None:
     _routing(ctx, rec, w)
     _causal(ctx, m, w, rec)
     _deterministic(ctx, m, w, rec)
+    _threads(ctx, w, rec)
     _block_contract(ctx, m, w, rec)
     _drift(ctx, w, rec)
     refs = [c for c in ctx.checks if c.kind == "reference"]
@@ -849,54 +897,169 @@ def _causal(ctx: GateContext, m: dict, w: dict, rec: dict) -> None:
 
 
 def _deterministic(ctx: GateContext, m: dict, w: dict, rec: dict) -> None:
-    again = run_block(m, w, w["emb"])
     absorbed = run_block(m, w, w["emb"], mla_path="absorbed")
     ctx.check_deterministic(
         "deterministic",
-        "the whole block run twice, and once more with the MLA layer on its absorbed path (a "
-        "different association of its sums: scores (W_UK^T q)·c, outputs W_UV Σ p c), gives "
-        "bit-identical outputs on every layer",
+        "the whole block with the MLA layer on its naive path, and again on its absorbed path (a "
+        "different association of its sums: scores (W_UK^T q)·c, outputs W_UV Σ p c, where "
+        "float sums would differ), gives bit-identical outputs on every layer",
         {
-            "first": block_outputs(rec),
-            "second": block_outputs(again),
-            "mla absorbed path": block_outputs(absorbed),
+            "MLA naive path (the gate's run)": block_outputs(rec),
+            "MLA absorbed path": block_outputs(absorbed),
         },
     )
 
 
+def _threads(ctx: GateContext, w: dict, rec: dict) -> None:
+    """The block's parallel kernels, on the block's own data, with 1 and 2 OpenMP threads in
+    fresh processes. (k3gates.k3block.kernels, the glue, holds no parallel loop of its own.)"""
+    kda_l, mla_l, moe_l = rec["layers"][0], rec["layers"][3], rec["layers"][0]
+    a, iw, f = kda_l["attn"], w["layers"][3]["mla"], moe_l["ffn"]
+    pm = w["layers"][0]["moe"]
+    s0 = np.zeros((KDA_H, KDA_D, KDA_D), dtype=np.int32)
+    fin = rec["final"]
+    for name, module, func, what, args in (
+        (
+            "threads_kda",
+            "kda",
+            "kda_recurrent",
+            f"layer 1's KDA recurrence ({KDA_H} heads in parallel)",
+            (a["qs"], a["k"], a["v"], a["alpha"], a["beta"], s0),
+        ),
+        (
+            "threads_mla",
+            "mla",
+            "mla_attend_naive",
+            f"layer 4's Gated MLA attention ({MLA_DIMS['H']} heads in parallel)",
+            (mla_l["attn"]["q"], mla_l["attn"]["c_kv"], mla_l["attn"]["k_r"], iw.w_uk, iw.w_uv),
+        ),
+        (
+            "threads_moe",
+            "moe",
+            "moe_layer",
+            f"layer 1's LatentMoE FFN ({T_BLOCK} tokens in parallel)",
+            (
+                kda_l["xf"], f["idx"], f["wts"], pm["w_down"], pm["w1"], pm["w3"], pm["w2"],
+                pm["w_n"], EPS_MOE, pm["w_up"], pm["ws1"], pm["ws3"], pm["ws2"],
+            ),
+        ),
+        (
+            "threads_attnres",
+            "attnres",
+            "attnres_forward",
+            f"the final AttnRes over {fin['src'].shape[0]} sources",
+            (fin["src"], w["final_w"], EPS_RES, K.RES_FRAC, K.RES_FRAC),
+        ),
+    ):  # fmt: skip
+        ctx.check_threads(
+            name,
+            f"{what}, on the block's own data, gives the same bits with 1 and 2 OpenMP threads, "
+            f"each in a fresh process (`{func}` has an `omp parallel for`)",
+            func,
+            *args,
+            modname=KERNEL_MODULES[module],
+        )
+
+
 def _block_contract(ctx: GateContext, m: dict, w: dict, rec: dict) -> None:
-    """compiled == interpreted: each glue kernel on the gate's own inputs, then the whole
-    block with every module interpreted."""
+    """compiled == interpreted: each glue kernel on the gate's own inputs and with a limit low
+    enough to saturate, then the whole block with every module interpreted."""
     r, p = rec["layers"][0], w["layers"][0]
     a = r["attn"]
     glue = "k3gates.k3block.kernels"
-    run = lambda name, *args: ctx.check_compiled_matches_interpreted(name, *args, modname=glue)
-    run("compiled_conv_silu", "conv_silu", a["pre"], p["kda"]["conv"], I32_MAX)
-    run("compiled_head_sigmoid", "head_sigmoid", r["xn"], p["kda"]["w_b"])
+    run = lambda name, *args, inputs: ctx.check_compiled_matches_interpreted(
+        name, *args, inputs=inputs, modname=glue
+    )
+    real = "the gate's real inputs: layer 1's"
+    sat = "a limit low enough that some outputs saturate, which reaches the clamp's both sides"
+    for suffix, lim, how in (
+        ("", I32_MAX, "at the gate's limit (no saturation)"),
+        ("_saturating", 1 << 16, sat),
+    ):
+        run(
+            f"compiled_conv_silu{suffix}",
+            "conv_silu",
+            a["pre"],
+            p["kda"]["conv"],
+            lim,
+            inputs=f"{real} q/k/v pre-activations ({a['pre'].shape[0]} tokens, the first 3 with "
+            f"the causal zero rows), {how}",
+        )
     run(
-        "compiled_norm_rows", "norm_rows", r["a"], p["attn_norm_w"], EPS_RES, K.RES_FRAC,
-        K.NORM_W_FRAC, K.X_FRAC, X_LIM,
-    )  # fmt: skip
-    y = r["attn"]["y"].astype(np.int64)
-    run("compiled_residual_add", "residual_add", r["prefix_pushed"], y, 4, K.RES_LIM)
+        "compiled_head_sigmoid",
+        "head_sigmoid",
+        r["xn"],
+        p["kda"]["w_b"],
+        inputs=f"{real} normed input and beta weights (logits of both signs)",
+    )
+    x16 = r["a"] * 16  # |x_raw| < 2^31, the kernel's domain: rows need acc_shift > 0
+    for suffix, x, lim, how in (
+        ("", r["a"], X_LIM, "layer 1's a (the embedding), at the gate's limit"),
+        (
+            "_saturating",
+            x16,
+            1 << 18,
+            "layer 1's a times 16 (raw below 2^31, the kernel's domain), so that rows need "
+            f"acc_shift > 0, and {sat}",
+        ),
+    ):
+        run(
+            f"compiled_norm_rows{suffix}",
+            "norm_rows",
+            x,
+            p["attn_norm_w"],
+            EPS_RES,
+            K.RES_FRAC,
+            K.NORM_W_FRAC,
+            K.X_FRAC,
+            lim,
+            inputs=f"the gate's real inputs: {how} with the attention-norm weights"
+            if not suffix
+            else f"the gate's inputs scaled: {how}",
+        )
+    r2 = rec["layers"][1]  # layer 2 adds onto a non-zero prefix (layer 1's starts at zero)
+    y = r2["attn"]["y"].astype(np.int64)
+    for suffix, lim, how in (
+        ("", K.RES_LIM, "at the stream's limit"),
+        ("_saturating", 1 << 24, sat),
+    ):
+        run(
+            f"compiled_residual_add{suffix}",
+            "residual_add",
+            r2["prefix_pushed"],
+            y,
+            4,
+            lim,
+            inputs=f"the gate's real inputs: layer 2's prefix and KDA output y (shift 4, Q.20 "
+            f"into Q.24), {how}",
+        )
     interp = {key: ctx.interpreted(name) for key, name in KERNEL_MODULES.items()}
     t0 = time.perf_counter()
-    slow = run_block(interp, w, w["emb"])
+    raised = ""
+    try:  # NumPy overflow is an error here, as in check_compiled_matches_interpreted
+        with warnings.catch_warnings(), np.errstate(over="raise", invalid="raise"):
+            warnings.simplefilter("error", RuntimeWarning)
+            slow = run_block(interp, w, w["emb"])
+    except (ArithmeticError, RuntimeWarning, OverflowError, ValueError) as e:
+        raised, slow = f"the interpreted run raised {type(e).__name__}: {e}", None
     t1 = time.perf_counter()
     run_block(m, w, w["emb"])
     t2 = time.perf_counter()
-    same = bit_equal(block_outputs(rec), block_outputs(slow))
+    same = slow is not None and bit_equal(block_outputs(rec), block_outputs(slow))
+    digests = {"compiled": digest(*block_outputs(rec))}
+    if slow is not None:
+        digests["interpreted"] = digest(*block_outputs(slow))
     ctx.check(
         "compiled_block",
         "the whole block with every kernels module Pythran-compiled and with the same sources "
-        "under CPython gives bit-identical outputs on every layer",
+        "under CPython gives bit-identical outputs on every layer, on the gate's real inputs, "
+        "with NumPy overflow an error",
         same,
         kind="compiled",
-        digests={
-            "compiled": digest(*block_outputs(rec)),
-            "interpreted": digest(*block_outputs(slow)),
-        },
+        message=raised or "outputs differ",
+        digests=digests,
         seconds=t2 - t0,
+        inputs="the gate's real inputs: the whole block",
         compiled_s=t2 - t1,
         interpreted_s=t1 - t0,
         speed_ratio=(t1 - t0) / max(t2 - t1, 1e-9),

@@ -3,6 +3,8 @@ the chunkwise-parallel training form (STRONG)."""
 
 from __future__ import annotations
 
+from math import isqrt
+
 import numpy as np
 
 from k3gates.gate import GateContext, digest, gate
@@ -40,6 +42,24 @@ def _problem(rng, t_len=T_GATE, n_h=H_GATE, d_k=DK_GATE, d_v=DV_GATE, state=True
         "beta": _q(beta, K.A_FRAC, np.int32),
         "s0": _q(s0, K.V_FRAC, np.int32),
     }
+
+
+def recurrent_state_bound_lsb(t_len: int, d_k: int) -> int:
+    """The recurrent form's own bound on each entry of the final state, LSB (a priori, from the
+    analysis in kernels.py's docstring): a token's roundings (decay, u, w, the k w^T update) add
+    at most sqrt(d_k) + 1 to a state column's 2-norm error, which the non-expansive KDA map never
+    grows, so every entry is within T (sqrt(d_k) + 1) <= T (isqrt(d_k) + 2).
+    K.state_bound_lsb covers the chunked form too, at any chunk size, and is looser."""
+    return t_len * (isqrt(d_k) + 2)
+
+
+def chunked_state_bound_lsb(t_len: int, d_k: int, chunk: int) -> int:
+    """The chunked form's bound on each entry of the final state at chunk size C, LSB (a priori,
+    kernels.py's docstring): sqrt(d_k) + 4 per token and 2 sqrt(d_k) more per chunk (the state
+    rebuild), so T (sqrt(d_k) + 4) + 2 ceil(T / C) sqrt(d_k), with r = isqrt(d_k) + 1 >= sqrt(d_k).
+    K.state_bound_lsb is this at C = 1."""
+    r = isqrt(d_k) + 1
+    return t_len * (r + 4) + 2 * ((t_len + chunk - 1) // chunk) * r
 
 
 def _run(kern, p, alpha, form="recurrent", chunk=64):
@@ -124,10 +144,32 @@ def kda_gate_decay(ctx: GateContext) -> None:
         "alpha never increases as g decreases (no rounding inversion)",
         bool((np.diff(alpha.reshape(-1).astype(np.int64)) <= 0).all()),
     )
-    small = np.array([-(5 << 24), -(1 << 24) - 7, -3, 0, 1 << 20], dtype=np.int64)
-    ctx.check_compiled_matches_interpreted("compiled_decay", "kda_decay", small.reshape(-1, 1, 1))
+    # every 4096th point of the decay grid, and the edges: g > 0 (taken as 0), 0, -ln 2 in Q.24
+    # (exp's upward correction of its k estimate), g <= -44 (exp below 2^-63) and g <= -64 (0)
+    edges = [1 << 20, 0, -3, -(1 << 24) - 7, -11629080, -(43 << 24), -(44 << 24)]
+    edges += [-(64 << 24) + 1, -(64 << 24), -(70 << 24)]
+    small = np.concatenate([g[::4096, 0, 0], np.array(edges, dtype=np.int64)]).reshape(-1, 1, 1)
     ctx.check_compiled_matches_interpreted(
-        "compiled_gate", "kda_gate", np.ascontiguousarray(qg[::4096]), qa, qb
+        "compiled_decay",
+        "kda_decay",
+        small,
+        inputs=f"a slice: {small.shape[0]} log-decays, every 4096th of the grid plus its edges "
+        "(g > 0, 0, -ln 2, -44, -64, -70), which reach every branch of kda_decay and of fx's "
+        "exp_neg_q62 but the downward correction of its k estimate (no Q.24 input tried needs it)",
+    )
+    # every 4096th pre-activation of the grid, and g_raw = +-(2^31 - 1) LSB, where |A z| >= 64
+    # takes the sigmoid's saturation branches
+    extremes = np.full((2, 3, 1), (1 << 31) - 1, dtype=np.int64) * np.array([1, -1])[:, None, None]
+    small_g = np.ascontiguousarray(np.concatenate([qg[::4096], extremes]))
+    ctx.check_compiled_matches_interpreted(
+        "compiled_gate",
+        "kda_gate",
+        small_g,
+        qa,
+        qb,
+        inputs=f"a slice: {small_g.shape[0]} x 3 pre-activations, every 4096th of the grid plus "
+        "+-(2^31 - 1) LSB, which reach every branch of kda_gate and of the fx sigmoid path it "
+        "calls (both signs, and the |z| >= 64 clamp)",
     )
     ctx.evidence(
         f"the -5·σ gate and the exp decay are within {gate_err:.3f} and {decay_err:.3f} LSB of "
@@ -142,8 +184,10 @@ def kda_gate_decay(ctx: GateContext) -> None:
     level="HAVE",
     kernels=["k3gates.kda.kernels"],
     bounds={
+        # T (1 + 1/sqrt(d_k)) + 1/2: every token's roundings, never amplified (kernels.py)
         "reference": K.recurrent_bound_lsb(T_GATE, DK_GATE),
-        "state_reference": K.state_bound_lsb(T_GATE, DK_GATE),
+        # T (sqrt(d_k) + 1) per state entry: the same analysis, on a state column's 2-norm
+        "state_reference": recurrent_state_bound_lsb(T_GATE, DK_GATE),
         "uniform_alpha_is_gated_deltanet": K.recurrent_bound_lsb(T_GATE, DK_GATE),
     },
     timeout=600,
@@ -166,7 +210,8 @@ def kda_recurrent(ctx: GateContext) -> None:
     )
     ctx.check_reference(
         "state_reference",
-        "the final state matches float64 entry by entry",
+        "every entry of the final state is within T (sqrt(d_k) + 1) LSB of the float64 "
+        "recurrence's, the recurrent form's own a priori bound",
         S,
         want_S,
         unit="LSB (2^-20)",
@@ -183,36 +228,73 @@ def kda_recurrent(ctx: GateContext) -> None:
     _check_pure_decay(ctx, kern, rng)
     _check_gated_deltanet(ctx, kern, rng)
     _check_split_and_state(ctx, kern, rng)
-    small = _problem(np.random.default_rng(5), 8, 2, 8, 8)
-    args = (
-        small["qs"],
-        small["k"],
-        small["v"],
-        kern.kda_decay(small["g"]),
-        small["beta"],
-        small["s0"],
+    args, sat = _branch_slice(kern)
+    ctx.check_compiled_matches_interpreted(
+        "compiled",
+        "kda_recurrent",
+        *args,
+        inputs=f"a slice: T=12, H=2, d_k=d_v=8; head 0 random, head 1 driven past the Q.20 limit "
+        f"({sat} saturations in this run), which reaches every branch of kda_recurrent: rows in "
+        "range, the w clamp, and the redo of a row whose update overflowed int32",
     )
-    ctx.check_compiled_matches_interpreted("compiled", "kda_recurrent", *args)
     # heads are independent: a permuted head order gives the permuted result, bit for bit
-    perm = np.array([1, 0])
-    pp = {key: np.ascontiguousarray(val[:, perm]) for key, val in p.items() if key != "s0"}
-    pp["s0"] = np.ascontiguousarray(p["s0"][perm])
-    o2, S2, _ = _run(kern, pp, np.ascontiguousarray(alpha[:, perm]))
     ctx.check_deterministic(
         "deterministic",
-        "two runs, and a run with the heads in another "
-        "order (then restored), give identical outputs and states",
+        "a run with the heads in another order (restored afterwards) gives the same outputs and "
+        "final state, bit for bit",
+        {"heads in order": (o, S), "heads reversed, restored": _heads_reversed(kern, p, alpha)},
+    )
+    ctx.check_threads(
+        "threads",
+        f"the recurrent form ({shape}; heads in parallel) gives the same bits with 1 and with 2 "
+        "OpenMP threads, each in a fresh process",
+        "kda_recurrent",
+        p["qs"],
+        p["k"],
+        p["v"],
+        alpha,
+        p["beta"],
+        p["s0"],
+    )
+    # a fact, not a check: the carried state's size is fixed by its shape
+    ctx.artifact(
+        "table:the carried state",
         {
-            "first": (o, S),
-            "second": _run(kern, p, alpha)[:2],
-            "heads permuted": (np.ascontiguousarray(o2[:, perm]), np.ascontiguousarray(S2[perm])),
+            "columns": ["tokens", "state shape", "bytes (int32)"],
+            "rows": [[T_GATE, " x ".join(map(str, S.shape)), int(S.nbytes)]],
         },
     )
     err = float(np.abs(o - want_o).max())
     ctx.evidence(
         f"recurrent form within {err:.2f} LSB (2^-20) of float64 over {T_GATE} tokens; "
-        "exact overwrite, pure decay and state carry bit-exact"
+        f"exact overwrite, pure decay and state carry bit-exact; the state is "
+        f"H·d_k·d_v int32 = {S.nbytes:,} bytes at any length"
     )
+
+
+def _heads_reversed(kern, p, alpha, form="recurrent", chunk=64):
+    """The same problem with its heads in reversed order, outputs and state restored."""
+    perm = np.arange(p["k"].shape[1])[::-1]
+    pp = {key: np.ascontiguousarray(val[:, perm]) for key, val in p.items() if key != "s0"}
+    pp["s0"] = np.ascontiguousarray(p["s0"][perm])
+    o, S, _ = _run(kern, pp, np.ascontiguousarray(alpha[:, perm]), form, chunk)
+    return np.ascontiguousarray(o[:, perm]), np.ascontiguousarray(S[perm])
+
+
+def _branch_slice(kern):
+    """Arguments of kda_recurrent (and, with a chunk size, of kda_chunked) that reach every
+    branch: T=12, H=2, d_k=d_v=8, head 0 as the gate draws it, head 1 driven past the Q.20 limit
+    (|S0|, |v| near 2048, alpha = beta = 1, so w clamps and state rows overflow int32 and are
+    redone saturating). Returns (args, saturations of kda_recurrent on them)."""
+    rng = np.random.default_rng(5)
+    p = _problem(rng, 12, 2, 8, 8)
+    edge = (1 << 31) - (1 << 21)  # 2048 - 2 in Q.20
+    p["s0"][1] = edge * rng.choice([-1, 1], (8, 8))
+    p["v"][:, 1] = edge * rng.choice([-1, 1], (12, 8))
+    p["beta"][:, 1] = 1 << K.A_FRAC
+    p["g"][:, 1] = 0  # alpha = 1: nothing decays
+    args = (p["qs"], p["k"], p["v"], kern.kda_decay(p["g"]), p["beta"], p["s0"])
+    return args, int(kern.kda_recurrent(*args)[2][0])
 
 
 def _check_overwrite(ctx: GateContext, kern, rng) -> None:
@@ -298,19 +380,6 @@ def _check_split_and_state(ctx: GateContext, kern, rng) -> None:
         "running x1 and then x2 from x1's final state equals running [x1; x2], bit for bit",
         digest(np.concatenate([o1, o2]), S2) == digest(o, S),
     )
-    sizes = {}
-    for t_len in (16, 1024):
-        q = _problem(rng, t_len, 2, 16, 16)
-        _, S_t, _ = _run(kern, q, kern.kda_decay(q["g"]))
-        sizes[t_len] = S_t.nbytes
-    ctx.check(
-        "state_constant_in_T",
-        "the state the recurrence carries is the same number of bytes after 16 and after "
-        "1024 tokens (H d_k d_v int32)",
-        sizes[16] == sizes[1024] == 2 * 16 * 16 * 4,
-        bytes_T16=sizes[16],
-        bytes_T1024=sizes[1024],
-    )
 
 
 # -- STRONG ---------------------------------------------------------------------------------------
@@ -319,13 +388,16 @@ def _check_split_and_state(ctx: GateContext, kern, rng) -> None:
     innovation="kda",
     level="STRONG",
     kernels=["k3gates.kda.kernels"],
+    # T (2 + 4/sqrt(d_k)) + 2 T/C + 1: the chunked form's roundings, never amplified (kernels.py)
     bounds={f"chunk{c}_reference": K.chunked_bound_lsb(T_GATE, DK_GATE, c) for c in CHUNKS}
+    # worst case: the two forms' bounds added (triangle inequality through float64)
     | {
         f"chunk{c}_vs_recurrent": K.chunked_bound_lsb(T_GATE, DK_GATE, c)
         + K.recurrent_bound_lsb(T_GATE, DK_GATE)
         for c in CHUNKS
     }
-    | {"state_reference": K.state_bound_lsb(T_GATE, DK_GATE)},
+    # T (sqrt(d_k) + 4) + 2 (T/C) sqrt(d_k) per state entry at C = 64: the same analysis
+    | {"state_reference": chunked_state_bound_lsb(T_GATE, DK_GATE, 64)},
     timeout=900,
 )
 def kda_chunked(ctx: GateContext) -> None:
@@ -349,10 +421,13 @@ def kda_chunked(ctx: GateContext) -> None:
         ctx.check_reference(
             f"chunk{c}_vs_recurrent",
             f"chunked (C = {c}) and recurrent differ only by rounding, within the "
-            "sum of their declared bounds: they round different partial products",
+            "sum of their declared bounds: they round different partial products "
+            f"(a rigorous worst case; chunk{c}_reference holds the same output tightly)",
             o,
             o_rec,
             unit="LSB (2^-20)",
+            worst_case=True,
+            tight=f"chunk{c}_reference",
         )
         ctx.check(
             f"chunk{c}_in_domain",
@@ -362,7 +437,8 @@ def kda_chunked(ctx: GateContext) -> None:
         )
     ctx.check_reference(
         "state_reference",
-        "the chunked final state (C = 64) matches float64",
+        "every entry of the chunked final state (C = 64) is within the chunked form's a priori "
+        "bound, T (sqrt(d_k) + 4) + 2 (T/C) sqrt(d_k) LSB, of the float64 recurrence's",
         outs[64][1],
         want_S,
         unit="LSB (2^-20)",
@@ -379,21 +455,47 @@ def kda_chunked(ctx: GateContext) -> None:
         "128 tokens and then 128 more equals running all 256 (C = 64)",
         digest(np.concatenate([o1, o2]), S2) == digest(*outs[64]),
     )
-    small = _problem(np.random.default_rng(6), 12, 2, 8, 8)
-    args = (
-        small["qs"],
-        small["k"],
-        small["v"],
-        kern.kda_decay(small["g"]),
-        small["beta"],
-        small["s0"],
-        4,
+    args, _ = _branch_slice(kern)
+    sat = int(kern.kda_chunked(*args, 5)[2][0])
+    ctx.check_compiled_matches_interpreted(
+        "compiled",
+        "kda_chunked",
+        *args,
+        5,
+        inputs=f"a slice: T=12, H=2, d_k=d_v=8, C=5 (chunks of 5, 5 and a partial 2); head 0 "
+        f"random, head 1 driven past the Q.20 limit ({sat} saturations in this run), which "
+        "reaches every branch of kda_chunked and its clamps",
     )
-    ctx.check_compiled_matches_interpreted("compiled", "kda_chunked", *args)
+    # bit-equal across what a float implementation would be sensitive to: the order of the
+    # (independent) heads, and the split points of the carried sequence at chunk boundaries
+    pieces, S_c = [], p["s0"]
+    for lo, hi in ((0, 96), (96, 160), (160, T_GATE)):
+        part = {key: (val[lo:hi] if key != "s0" else S_c) for key, val in p.items()}
+        o_c, S_c, _ = _run(kern, part, np.ascontiguousarray(alpha[lo:hi]), "chunked", 32)
+        pieces.append(o_c)
     ctx.check_deterministic(
         "deterministic",
-        "two chunked runs at each chunk size are identical",
-        {"first": outs[32], "second": _run(kern, p, alpha, "chunked", 32)[:2]},
+        "the chunked form (C = 32) gives the same outputs and final state, bit for bit, with "
+        "the heads in reversed order (restored afterwards) and in three calls split at tokens "
+        "96 and 160 with the state carried",
+        {
+            "whole, heads in order": outs[32],
+            "heads reversed, restored": _heads_reversed(kern, p, alpha, "chunked", 32),
+            "split at 96 and 160": (np.concatenate(pieces), S_c),
+        },
+    )
+    ctx.check_threads(
+        "threads",
+        f"the chunked form (T={T_GATE}, H={H_GATE}, d_k=d_v={DK_GATE}, C = 32; heads in "
+        "parallel) gives the same bits with 1 and with 2 OpenMP threads, each in a fresh process",
+        "kda_chunked",
+        p["qs"],
+        p["k"],
+        p["v"],
+        alpha,
+        p["beta"],
+        p["s0"],
+        32,
     )
     worst = max(float(np.abs(outs[c][0].astype(np.int64) - o_rec).max()) for c in CHUNKS)
     ctx.artifact(

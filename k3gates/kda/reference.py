@@ -46,3 +46,20 @@ def gated_deltanet(q, k, v, alpha_scalar, beta, s0):
             S[h] += beta[t, h] * kt @ v[t, h][None, :]
             o[t, h] = S[h].T @ q[t, h]
     return o, S
+
+
+def recurrent_vectorised(q, k, v, alpha, beta, s0):
+    """`recurrent` with its loop over heads done as array operations, for many independent
+    sequences at once (heads, or windows of heads: any [T, B, ...] batch). The update is the
+    same equation with (I - beta k k^T) D expanded to D - beta k (k^T D):
+        D = Diag(alpha_t) S_{t-1},  S_t = D + beta_t k_t (v_t - D^T k_t)^T,  o_t = S_t^T q_t.
+    Returns (o [T, B, d_v], S [B, d_k, d_v])."""
+    t_len = k.shape[0]
+    S = s0.astype(np.float64).copy()
+    o = np.zeros((t_len, S.shape[0], v.shape[2]))
+    for t in range(t_len):
+        D = alpha[t][:, :, None] * S
+        kd = (k[t][:, None, :] @ D)[:, 0, :]  # D^T k_t, per sequence
+        S = D + (beta[t][:, None] * k[t])[:, :, None] * (v[t] - kd)[:, None, :]
+        o[t] = (q[t][:, None, :] @ S)[:, 0, :]
+    return o, S

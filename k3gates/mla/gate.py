@@ -23,7 +23,6 @@ from . import (
     backward_int,
     decode_int,
     forward_int,
-    mha_values_per_token,
     project_int,
 )
 from . import kernels as K
@@ -165,7 +164,7 @@ def mla_latent(ctx: GateContext) -> None:
         max_acc_shift_q=max(shifts[0]),
         max_acc_shift_kv=max(shifts[1]),
     )
-    _latent_contract(ctx, k, xq, iw)
+    _latent_contract(ctx, k, xq, iw, r)
     worst = max(c.measured for c in ctx.checks if c.kind == "reference")
     ctx.evidence(
         f"projections and LoRA RMSNorms within {worst:.3f} LSB of float64 per stage "
@@ -178,29 +177,45 @@ def _norm_shift(a: np.ndarray) -> list[int]:
     return [max(0, 2 * int(np.abs(row).max()).bit_length() + n.bit_length() - 61) for row in a]
 
 
-def _latent_contract(ctx: GateContext, k, xq: np.ndarray, iw: IntWeights) -> None:
-    txq, tiw = problem(SEED + 7, TINY)
-    tr = project_int(k, txq, tiw)
-    check_compiled(ctx, "compiled_linear", "mla_linear", txq, tiw.w_dq, 12, K.A_LIM)
-    check_compiled(ctx, "compiled_rmsnorm", "mla_rmsnorm", -tr["a_q"], tiw.w_q_norm, tiw.eps)
-    check_compiled(ctx, "compiled_query", "mla_query", -tr["c_q"], tiw.w_uq, tiw.scale)
-    check_compiled(ctx, "compiled_up", "mla_up", -tr["c_kv"], tiw.w_uk, tiw.w_uv)
+def _latent_contract(ctx: GateContext, k, xq: np.ndarray, iw: IntWeights, r: dict) -> None:
+    real = (
+        f"the gate's real inputs ({SHAPE['T']} rows of D = {SHAPE['D']}, every 8th row loud, so "
+        "the RMSNorm takes acc_shift > 0 there)"
+    )
+    kv_lora = SHAPE["kv_lora"]
+    shift = 2 * K.X_FRAC - K.LAT_FRAC
+    check_compiled(ctx, "compiled_linear", "mla_linear", xq, iw.w_dq, shift, K.A_LIM, inputs=real)
+    check_compiled(
+        ctx, "compiled_linear_k_r", "mla_linear", xq, np.ascontiguousarray(iw.w_dkv[kv_lora:]),
+        2 * K.X_FRAC - K.C_FRAC, K.C_LIM, inputs=real,
+    )  # fmt: skip
+    check_compiled(
+        ctx, "compiled_rmsnorm", "mla_rmsnorm", r["a_q"], iw.w_q_norm, iw.eps, inputs=real
+    )
+    check_compiled(ctx, "compiled_query", "mla_query", r["c_q"], iw.w_uq, iw.scale, inputs=real)
+    check_compiled(ctx, "compiled_up", "mla_up", r["c_kv"], iw.w_uk, iw.w_uv, inputs=real)
     perm = np.random.default_rng(SEED + 1).permutation(xq.shape[0])
+    inv = np.argsort(perm)
     names = ("a_q", "c_q", "q", "a_kv", "c_kv", "k_r")
+    split = 23  # not a multiple of the loud rows' stride: both blocks hold loud and quiet rows
 
     def run(xs: np.ndarray) -> tuple:
-        r = project_int(k, xs, iw)
+        r = project_int(k, np.ascontiguousarray(xs), iw)
         return tuple(r[n] for n in names)
 
-    inv = np.argsort(perm)
     ctx.check_deterministic(
         "deterministic",
-        "two runs, and a run over the rows in a shuffled order (un-shuffled afterwards), give "
-        "bit-identical latents: each row's projections depend on that row alone",
+        "the latents of all rows in one call, of the rows in a shuffled order (un-shuffled "
+        f"afterwards), and of the rows in two calls split at row {split} are bit-identical: each "
+        "row's projections and RMSNorms depend on that row alone, not on its neighbours or on "
+        "how the rows are batched",
         {
-            "first": run(xq),
-            "second": run(xq),
-            "shuffled": tuple(a[inv] for a in run(np.ascontiguousarray(xq[perm]))),
+            "all rows in one call": run(xq),
+            "rows shuffled, un-shuffled after": tuple(a[inv] for a in run(xq[perm])),
+            f"two calls, rows 0..{split - 1} and {split}..": tuple(
+                np.concatenate([a, b])
+                for a, b in zip(run(xq[:split]), run(xq[split:]), strict=True)
+            ),
         },
     )
 
@@ -320,18 +335,18 @@ def mla_forward(ctx: GateContext) -> None:
         cache_capacity=int(cache.c_kv.shape[0]),
     )
     _gate_before_o_proj(ctx, k, naive, xq, iw)
-    _cache_ratio(ctx, k, cache, naive, iw)
-    _headroom(ctx, k, naive, iw)
-    _forward_contract(ctx, k, xq, iw, naive)
+    ratio = _cache_ratio(ctx, k, cache, naive, iw)
+    edges = _edge_cases()
+    _headroom(ctx, k, naive, iw, edges)
+    _forward_contract(ctx, k, xq, iw, naive, edges)
     _end_to_end(ctx, naive, xq, iw)
     err = next(c.measured for c in ctx.checks if c.name == "attention_reference")
     bound = next(c.bound for c in ctx.checks if c.name == "attention_reference")
-    ratio = next(c.values for c in ctx.checks if c.name == "cache_per_token")
     ctx.evidence(
         f"naive == absorbed and decode == forward bit for bit (T={T_HAVE}, H={SHAPE['H']}); "
         f"o within {err:.3f} LSB of float64 (bound {bound:.3f}); latent cache "
         f"{ratio['k3_latent_values']} vs {ratio['k3_mha_values']} values/token at K3's dims "
-        f"({ratio['k3_ratio']:.1f}x smaller than MHA K/V)"
+        f"({ratio['k3_ratio']:.1f}x smaller than MHA K/V), counted from the arrays held"
     )
 
 
@@ -439,9 +454,13 @@ def _gate_before_o_proj(ctx: GateContext, k, naive: dict, xq: np.ndarray, iw: In
     )
 
 
-def _cache_ratio(ctx: GateContext, k, cache: LatentCache, naive: dict, iw: IntWeights) -> None:
+def _cache_ratio(ctx: GateContext, k, cache: LatentCache, naive: dict, iw: IntWeights) -> dict:
     """Values per token held, measured from arrays: the latent cache after decoding, and the
-    per-head K and V a plain MHA layer would hold (the naive path's materialised keys/values)."""
+    per-head K and V a plain MHA layer would hold (the naive path's materialised keys/values).
+
+    A displayed fact, not a check: these counts follow from the shapes alone (kv_lora + rope for
+    MLA against H (nope + rope + d_v) for MHA, K3-SPEC section 2), so no kernel output could
+    move them."""
     d = iw.dims
     k_c, v = k.mla_up(naive["c_kv"], iw.w_uk, iw.w_uv)
     mha_k = np.concatenate(
@@ -464,33 +483,19 @@ def _cache_ratio(ctx: GateContext, k, cache: LatentCache, naive: dict, iw: IntWe
     k3_kc, k3_v = k.mla_up(c3, w_uk, w_uv)
     k3_lat = c3[0].size + r3[0].size
     k3_mha = k3_kc[0].size + kd["H"] * r3[0].size + k3_v[0].size
-    want_k3 = (512 + 64, 96 * (192 + 128))
-    spec = mha_values_per_token(d["H"], d["nope"], d["rope"], d["d_v"])
     rows = [
         ["test dims", f"H={d['H']}, kv_lora={d['kv_lora']}, rope={d['rope']}, nope={d['nope']}, "
-         f"d_v={d['d_v']}", test_lat, test_mha, test_mha / test_lat],
-        ["K3", "H=96, kv_lora=512, rope=64, nope=128, d_v=128", k3_lat, k3_mha, k3_mha / k3_lat],
+         f"d_v={d['d_v']}", test_lat, test_mha, test_mha / test_lat, cache.bytes_per_token],
+        ["K3", "H=96, kv_lora=512, rope=64, nope=128, d_v=128", k3_lat, k3_mha, k3_mha / k3_lat,
+         c3[:1].nbytes + r3[:1].nbytes],
     ]  # fmt: skip
     ctx.artifact(
         "table:cache values per token (measured from the arrays held)",
-        {"columns": ["dims", "shape", "latent cache (c_KV + k_R)", "MHA K + V", "ratio"],
+        {"columns": ["dims", "shape", "latent cache (c_KV + k_R)", "MHA K + V", "ratio",
+                     "latent bytes per token"],
          "rows": rows},
     )  # fmt: skip
-    ctx.check(
-        "cache_per_token",
-        "the values per token, counted from the arrays actually held (the decode cache; the "
-        "naive path's per-head K and V), are kv_lora + rope for MLA against H (nope + rope + d_v) "
-        "for MHA: 576 vs 30720 at K3's dims (K3-SPEC section 2)",
-        (k3_lat, k3_mha) == want_k3 and test_mha == spec
-        and test_lat == d["kv_lora"] + d["rope"] and cache.bytes_per_token == 4 * test_lat,
-        test_latent_values=test_lat,
-        test_mha_values=test_mha,
-        test_ratio=test_mha / test_lat,
-        k3_latent_values=k3_lat,
-        k3_mha_values=k3_mha,
-        k3_ratio=k3_mha / k3_lat,
-        latent_bytes_per_token=cache.bytes_per_token,
-    )  # fmt: skip
+    return {"k3_latent_values": k3_lat, "k3_mha_values": k3_mha, "k3_ratio": k3_mha / k3_lat}
 
 
 # the docstring's ceilings for each accumulator (log2 of the largest |partial sum|), K3's dims
@@ -551,7 +556,7 @@ def _edge_cases() -> dict[str, tuple]:
     }
 
 
-def _headroom(ctx: GateContext, k, naive: dict, iw: IntWeights) -> None:
+def _headroom(ctx: GateContext, k, naive: dict, iw: IntWeights, edges: dict) -> None:
     """Every limb accumulator's largest |partial sum|, computed exactly from the arrays (Python
     integers), on the gate's problem and on edge inputs at K3's dims; and naive == absorbed ==
     an exact big-integer model that never splits a product."""
@@ -559,7 +564,7 @@ def _headroom(ctx: GateContext, k, naive: dict, iw: IntWeights) -> None:
     rows = [["test problem", *(_bits(mx[key]) for key in CEILINGS), _bits(mx["value_total"])]]
     agree = {"test problem": bool(np.array_equal(o_exact, naive["o"]))}
     worst = {key: mx[key] for key in CEILINGS}
-    for name, args in _edge_cases().items():
+    for name, args in edges.items():
         o_n, _ = k.mla_attend_naive(*args)
         o_a, _ = k.mla_attend_absorbed(*args)
         o_x, m = exact_attention(k, *args)
@@ -588,30 +593,83 @@ def _bits(x: int) -> float:
     return round(math.log2(max(int(x), 1)), 3)  # exact for Python ints of any size
 
 
-def _forward_contract(ctx: GateContext, k, xq: np.ndarray, iw: IntWeights, naive: dict) -> None:
-    txq, tiw = problem(SEED + 11, TINY)
-    tr = forward_int(k, txq, tiw, "naive")
-    args = (tr["q"], tr["c_kv"], tr["k_r"], tiw.w_uk, tiw.w_uv)
-    check_compiled(ctx, "compiled_naive", "mla_attend_naive", *args)
-    check_compiled(ctx, "compiled_absorbed", "mla_attend_absorbed", *args)
-    check_compiled(ctx, "compiled_decode", "mla_decode_attend", tr["q"], 4, tr["c_kv"],
-                   tr["k_r"], 5, tiw.w_uk, tiw.w_uv)  # fmt: skip
-    check_compiled(ctx, "compiled_output", "mla_output", tr["o"], txq, tiw.w_g, tiw.w_o)
+# the edge cases compiled == interpreted also runs on: each drives one path's accumulators to
+# the docstring's ceilings, where an int64 wrap would show first
+EDGE_COMPILED = {
+    "compiled_naive_saturating": ("mla_attend_naive",
+                                  "random signs at full scale (scores saturate)"),
+    "compiled_naive_limbs": ("mla_attend_naive", "naive value limbs: v = ±2^53 under uniform p"),
+    "compiled_absorbed_limbs": ("mla_attend_absorbed",
+                                "absorbed score and value limbs: W_UK^T q ~ 2^53, c_KV summing "
+                                "to ~0"),
+}  # fmt: skip
+
+
+def _round_limbs_inputs(limb: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) pairs for round_limbs: 4000 seeded ones (both signs of each limb, |hi| < 2^40,
+    |lo| < 2^61) and constructed ones: lo a multiple of 2^limb under a negative hi (the borrow
+    branch, low == 0), and exact halves of the last kept bit, of either sign."""
     rng = np.random.default_rng(SEED + 12)
-    hi = rng.integers(-(2**40), 2**40, 4000)
-    lo = rng.integers(-(2**61), 2**61, 4000)
-    check_compiled(ctx, "compiled_round_limbs", "round_limbs_array", hi, lo, 28, 20)
+    hi = list(rng.integers(-(2**40), 2**40, 4000))
+    lo = list(rng.integers(-(2**61), 2**61, 4000))
+    half = 1 << (s - 1)
+    for h in (-3, -2, -1, 0, 1, 2):
+        for low in (0, 1 << limb, -(1 << limb), 3 << limb, half, -half, half + 1, half - 1):
+            hi.append(h)
+            lo.append(low)
+    return np.array(hi, dtype=np.int64), np.array(lo, dtype=np.int64)
+
+
+def _forward_contract(
+    ctx: GateContext, k, xq: np.ndarray, iw: IntWeights, naive: dict, edges: dict
+) -> None:
+    real = f"the gate's real inputs (T = {T_HAVE}, H = {SHAPE['H']})"
+    args = (naive["q"], naive["c_kv"], naive["k_r"], iw.w_uk, iw.w_uv)
+    check_compiled(ctx, "compiled_naive", "mla_attend_naive", *args, inputs=real)
+    check_compiled(ctx, "compiled_absorbed", "mla_attend_absorbed", *args, inputs=real)
+    check_compiled(
+        ctx, "compiled_decode", "mla_decode_attend", naive["q"], T_HAVE - 1, naive["c_kv"],
+        naive["k_r"], T_HAVE, iw.w_uk, iw.w_uv,
+        inputs=f"{real}: the last token's query over the whole {T_HAVE}-row cache",
+    )  # fmt: skip
+    check_compiled(ctx, "compiled_output", "mla_output", naive["o"], xq, iw.w_g, iw.w_o,
+                   inputs=real)  # fmt: skip
+    for name, (func, case) in EDGE_COMPILED.items():
+        check_compiled(
+            ctx, name, func, *edges[case],
+            inputs=f"the int64_headroom check's edge inputs at K3's dims (H = 1, T = 4): {case}",
+        )  # fmt: skip
+    for name, (limb, s, what) in {
+        "compiled_round_limbs": (K.SCORE_LIMB, K.SCORE_SHIFT, "s < limb, the score's rounding"),
+        "compiled_round_limbs_value": (K.VALUE_LIMB, K.VALUE_SHIFT,
+                                       "s >= limb, the value's rounding"),
+    }.items():  # fmt: skip
+        hi, lo = _round_limbs_inputs(limb, s)
+        check_compiled(
+            ctx, name, "round_limbs_array", hi, lo, limb, s,
+            inputs=f"a slice: {hi.size} (hi, lo) pairs at (limb, s) = ({limb}, {s}) ({what}), "
+            "which reaches every branch of round_limbs for that (limb, s): hi and lo of both "
+            "signs, lo a multiple of 2^limb under a negative hi (the borrow, low == 0), and "
+            "exact halves of either sign",
+        )  # fmt: skip
     perm = np.array([2, 0, 3, 1])
     ctx.check_deterministic(
         "deterministic",
-        "two runs, and a run with the heads in another order (W_UQ, W_UK, W_UV, W_g and W_O "
-        "permuted alike, o permuted back), give bit-identical o, gated o and y: every sum is "
-        "exact, so its order cannot matter",
+        "a run with the heads in another order (W_UQ, W_UK, W_UV, W_g and W_O permuted alike, "
+        "o permuted back) gives bit-identical o and y to the run in the original order: every "
+        "sum is exact, so its order cannot matter",
         {
-            "first": (naive["o"], naive["y"]),
-            "second": tuple(forward_int(k, xq, iw)[n] for n in ("o", "y")),
-            "heads permuted": _heads_permuted(k, xq, iw, perm),
+            "heads in order": (naive["o"], naive["y"]),
+            "heads permuted, o permuted back": _heads_permuted(k, xq, iw, perm),
         },
+    )
+    ctx.check_threads(
+        "threads",
+        f"the naive attention over the gate's {T_HAVE} tokens (rows in parallel under OpenMP) "
+        "gives bit-identical o and saturation counts here and in fresh processes with 1 and 2 "
+        "threads",
+        "mla_attend_naive",
+        *args,
     )
 
 
@@ -841,33 +899,29 @@ def _backward_properties(ctx: GateContext, k, b: dict, r: dict, xq, iw: IntWeigh
 
 
 def _backward_contract(ctx: GateContext, k, xq, iw: IntWeights, r: dict, dyq, b: dict) -> None:
-    txq, tiw = problem(SEED + 31, TINY)
-    tr = forward_int(k, txq, tiw)
-    tdy = np.ascontiguousarray(
-        quantize(np.random.default_rng(SEED + 32).standard_normal(txq.shape), K.G_FRAC).astype(
-            np.int32
-        )
-    )
-    tb = backward_int(k, tr, txq, tiw, tdy)
-    nope = TINY["nope"]
+    real = f"the gate's real inputs (T = {T_BWD}, H = {SHAPE['H']})"
+    nope = SHAPE["nope"]
     check_compiled(
-        ctx, "compiled_output_backward", "mla_output_backward", tr["o"], txq, tiw.w_g, tiw.w_o, tdy
-    )
+        ctx, "compiled_output_backward", "mla_output_backward", r["o"], xq, iw.w_g, iw.w_o, dyq,
+        inputs=real,
+    )  # fmt: skip
     check_compiled(
-        ctx, "compiled_probs", "mla_backward_probs", tr["q"], tr["c_kv"], tr["k_r"], tiw.w_uk
-    )
+        ctx, "compiled_probs", "mla_backward_probs", r["q"], r["c_kv"], r["k_r"], iw.w_uk,
+        inputs=real,
+    )  # fmt: skip
     check_compiled(
-        ctx, "compiled_scores", "mla_backward_scores", tb["p"], tr["c_kv"], tiw.w_uv, tb["do"]
-    )
-    check_compiled(ctx, "compiled_g", "mla_backward_g", tb["ds"], tr["c_kv"], tr["k_r"])
-    g, _, _ = k.mla_backward_g(tb["ds"], tr["c_kv"], tr["k_r"])
-    check_compiled(ctx, "compiled_qc", "mla_backward_qc", g, tiw.w_uk)
+        ctx, "compiled_scores", "mla_backward_scores", b["p"], r["c_kv"], iw.w_uv, b["do"],
+        inputs=real,
+    )  # fmt: skip
+    check_compiled(ctx, "compiled_g", "mla_backward_g", b["ds"], r["c_kv"], r["k_r"], inputs=real)
+    g, _, _ = k.mla_backward_g(b["ds"], r["c_kv"], r["k_r"])
+    check_compiled(ctx, "compiled_qc", "mla_backward_qc", g, iw.w_uk, inputs=real)
     check_compiled(
-        ctx, "compiled_ef", "mla_backward_ef", tb["ds"], tb["p"], tr["q"], tb["do"], nope
+        ctx, "compiled_ef", "mla_backward_ef", b["ds"], b["p"], r["q"], b["do"], nope, inputs=real
     )
-    e, f, _ = k.mla_backward_ef(tb["ds"], tb["p"], tr["q"], tb["do"], nope)
-    check_compiled(ctx, "compiled_dc", "mla_backward_dc", e, f, tiw.w_uk, tiw.w_uv)
-    check_compiled(ctx, "compiled_dkr", "mla_backward_dkr", tb["ds"], tr["q"], nope)
+    e, f, _ = k.mla_backward_ef(b["ds"], b["p"], r["q"], b["do"], nope)
+    check_compiled(ctx, "compiled_dc", "mla_backward_dc", e, f, iw.w_uk, iw.w_uv, inputs=real)
+    check_compiled(ctx, "compiled_dkr", "mla_backward_dkr", b["ds"], r["q"], nope, inputs=real)
     from dataclasses import replace
 
     perm = np.array([1, 3, 0, 2])
@@ -887,11 +941,22 @@ def _backward_contract(ctx: GateContext, k, xq, iw: IntWeights, r: dict, dyq, b:
     names = ("dq", "dc_kv", "dk_r")
     ctx.check_deterministic(
         "deterministic",
-        "two runs, and a run with the heads in another order (weights permuted alike, dq permuted "
-        "back), give bit-identical dq, dc_KV and dk_R: the sums over heads and positions are exact",
+        "a run with the heads in another order (weights permuted alike, dq permuted back) gives "
+        "bit-identical dq, dc_KV and dk_R to the run in the original order: the sums over heads "
+        "and positions are exact, so their order cannot matter",
         {
-            "first": tuple(b[n] for n in names),
-            "second": tuple(backward_int(k, r, xq, iw, dyq)[n] for n in names),
-            "heads permuted": (np.ascontiguousarray(pb["dq"][:, inv]), pb["dc_kv"], pb["dk_r"]),
+            "heads in order": tuple(b[n] for n in names),
+            "heads permuted, dq permuted back": (
+                np.ascontiguousarray(pb["dq"][:, inv]),
+                pb["dc_kv"],
+                pb["dk_r"],
+            ),
         },
     )
+    ctx.check_threads(
+        "threads",
+        f"the backward's dS = P ⊙ (dP − μ) over the gate's {T_BWD} tokens (heads in parallel "
+        "under OpenMP) is bit-identical here and in fresh processes with 1 and 2 threads",
+        "mla_backward_scores",
+        b["p"], r["c_kv"], iw.w_uv, b["do"],
+    )  # fmt: skip

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from k3gates.fx import quantize, value
-from k3gates.fx.checks import check_compiled, check_shuffled, lsb
+from k3gates.fx.checks import check_compiled, lsb
 from k3gates.gate import GateContext, bit_equal, gate
 
 from . import kernels as K
@@ -46,9 +46,17 @@ class Shape:
 
 
 TEST = Shape(t=256, d=64, d_l=32, f=16, n=64, k=8, f_s=32)
-TINY = Shape(t=4, d=6, d_l=4, f=3, n=5, k=2, f_s=3)  # compiled == interpreted
 ROUTER_TOKENS = 1 << 14  # the router check: 2^14 tokens x 64 experts = 2^20 scores
 QB_TOKENS = 1024  # the QB batch at 64/8: q = 1024 * 8 / 64 = 128
+# The qb_balance check's band, in tokens, declared before the run. Its batch (qb_balance_batch)
+# is balanced but for expert 0, which every token takes. One update sets b'_0 = -(the (q+1)-th
+# largest column-0 margin) and leaves every other b'_j at 0 (each other column's (q+1)-th margin
+# is exactly 0 by construction); then exactly q tokens keep expert 0 strictly above their old
+# threshold, and the (q+1)-th lands exactly on it, tied with its own lowest home expert. The
+# documented tie-break (lower index) gives it expert 0: loads q + 1 for expert 0, q - 1 for that
+# home expert, q for the rest. So the a-priori slack is one token, from the (q+1)-th margin
+# rule's tie alone.
+QB_BALANCE_BAND = 1
 K3_N, K3_K, K3_TOKENS = 896, 16, 448  # q = 448 * 16 / 896 = 8
 K3_LATENT = 3584
 RMS_CHECK_FRAC = 32  # the RMSNorm check reads its output in Q.32, where float64 is exact enough
@@ -93,6 +101,27 @@ def tokens(seed: int, t_len: int, d: int) -> np.ndarray:
     mu = np.random.default_rng(SEED).standard_normal(d)
     x = np.clip(rng.standard_normal((t_len, d)) + mu[:d], -6, 6)
     return value(quantize(x, K.X_FRAC), K.X_FRAC)
+
+
+def order_and_split_runs(fn, x: np.ndarray, seed: int, split: int) -> dict[str, tuple]:
+    """fn over the rows of x in one call, in a shuffled order (un-shuffled after), and in two
+    calls split at row `split` (outputs concatenated): for a kernel whose rows are independent
+    all three must be bit-identical, whatever a float implementation's batching would do."""
+    perm = np.random.default_rng(seed).permutation(x.shape[0])
+    inv = np.argsort(perm)
+    c_ = np.ascontiguousarray
+
+    def rows(out) -> tuple:
+        return out if isinstance(out, tuple) else (out,)
+
+    head, tail = rows(fn(c_(x[:split]))), rows(fn(c_(x[split:])))
+    return {
+        "all rows in one call": rows(fn(x)),
+        "rows shuffled, un-shuffled after": tuple(o[inv] for o in rows(fn(c_(x[perm])))),
+        f"two calls, rows 0..{split - 1} and {split}..": tuple(
+            np.concatenate([a, b]) for a, b in zip(head, tail, strict=True)
+        ),
+    }
 
 
 def ints(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -222,10 +251,35 @@ def moe_router(ctx: GateContext) -> None:
     )
     _tie_break(ctx, k, s, qp, rsf, sc, b, idx)
     _rmsnorm_checks(ctx, k)
-    check_compiled(ctx, "compiled_router", "router", qx[:5].copy(), qp["w_r"], b, s.k, rsf)
-    check_shuffled(
-        ctx, "deterministic", lambda v: k.router(v, qp["w_r"], b, s.k, rsf), qx, "the router"
+    # the 8 loud tokens (logits up to +98: sigma clamped at +64), one of them negated (logits
+    # down to -98: clamped at -64), 8 ordinary tokens, and x = 0 (every score 1/2: ties)
+    sl = np.ascontiguousarray(
+        np.concatenate([qx[:16], -qx[:1], np.zeros((1, s.d), dtype=np.int64)])
     )
+    check_compiled(
+        ctx, "compiled_router", "router", sl, qp["w_r"], b, s.k, rsf,
+        inputs=f"a slice: 18 tokens with the gate's W_r, b, k = {s.k} and rsf: its 8 loud "
+        "tokens (σ clamped at +64), one of them negated (clamped at −64), 8 ordinary tokens and "
+        "x = 0 (all scores ½: the top-k scan's ties), which reaches every branch of router and "
+        "router_weights but the zero-score-sum fallback (every chosen logit below −39.5), which "
+        "no token of the gate's batch reaches either",
+    )  # fmt: skip
+    split = 5000
+    ctx.check_deterministic(
+        "deterministic",
+        f"the router over the {qx.shape[0]} tokens in one call, in a shuffled order (un-shuffled "
+        f"afterwards), and in two calls split at token {split} gives bit-identical scores, "
+        "choices and weights: each token's routing depends on that token alone",
+        order_and_split_runs(lambda v: k.router(v, qp["w_r"], b, s.k, rsf), qx, SEED + 19, split),
+    )
+    ctx.check_threads(
+        "threads",
+        f"the router over the {qx.shape[0]} tokens (tokens in parallel under OpenMP) gives "
+        "bit-identical scores, choices and weights here and in fresh processes with 1 and 2 "
+        "threads",
+        "router",
+        qx, qp["w_r"], b, s.k, rsf,
+    )  # fmt: skip
     worst = max(c.measured for c in ctx.checks if c.name == "scores")
     ctx.evidence(
         f"scores within {worst:.4f} LSB of Q.40 on {sc.size} points; top-{s.k} equal to "
@@ -278,6 +332,7 @@ def _rmsnorm_checks(ctx: GateContext, k) -> None:
     _, _, eps, eps_f = scalars()
     for name, n in (("rmsnorm_latent", TEST.d_l), ("rmsnorm_k3_width", K3_LATENT)):
         c = _rmsnorm_rows(rng, n)
+        constructed = c.shape[0]
         if n == TEST.d_l:  # plus realistic rows: 2^15 Gaussian rows of rms 1
             c = np.concatenate([c, rng.standard_normal((1 << 15, n))])  # 2^20 values
         qc = np.ascontiguousarray(quantize(c, K.A_FRAC))
@@ -296,6 +351,17 @@ def _rmsnorm_checks(ctx: GateContext, k) -> None:
             domain=f"{c.shape[0]} rows of width {n}: scales 2^-16..2^10, one-hot, constant, "
             "alternating, |c| = 3199, zero",
         )
+        if n == TEST.d_l:
+            check_compiled(
+                ctx, "compiled_rmsnorm", "latent_rmsnorm", np.ascontiguousarray(qc[:constructed]),
+                qw, eps, K.A_FRAC, RMS_CHECK_FRAC,
+                inputs=f"a slice: the rmsnorm_latent check's {constructed} constructed rows of "
+                f"width {n} (its Gaussian rows left out) with its w, eps and formats (Q.48 in, "
+                "Q.32 out), which reach every branch of latent_rmsnorm at these formats (|c| = "
+                "3199: the sum of squares pre-rounded; rows of both signs; scales 2^-16..2^10) "
+                "but the zero-sum return (a zero row with eps = 0) and eps_wide's d < 0 side "
+                "(only for inputs coarser than Q.28)",
+            )  # fmt: skip
     c = np.ascontiguousarray(quantize(rng.standard_normal((64, TEST.d_l)), K.A_FRAC))
     w = quantize(rng.uniform(-2, 2, TEST.d_l), K.W_FRAC)
     r = k.latent_rmsnorm(c, w, eps, K.A_FRAC, K.A_FRAC)
@@ -314,7 +380,6 @@ def _rmsnorm_checks(ctx: GateContext, k) -> None:
         and not zero.any()
         and all(np.array_equal(scaled[0], v) for v in scaled[1:]),
     )
-    check_compiled(ctx, "compiled_rmsnorm", "latent_rmsnorm", -c[:6].copy(), w, eps, 48, 48)
 
 
 # == HAVE: the layer, batch invariance, the bias, one Quantile Balancing update ==================
@@ -325,9 +390,13 @@ def _rmsnorm_checks(ctx: GateContext, k) -> None:
     kernels=["k3gates.moe.kernels"],
     bounds={
         "layer": lsb(K.layer_bound_q10(TEST.d_l, TEST.k)),
+        "z_exact": 0,  # W x with x, W in Q.24 is exact in Q.48 (module docstring)
         "qb_bias": lsb(K.QB_BIAS_MAX_ERR_LSB_Q10),
+        # loads outside the rounding band: integer and float64 choose the same sets there
+        "qb_loads": 0,
         "k3_combine_weights": lsb(K.weights_bound_q10(K3_K)),
         "k3_qb_bias": lsb(K.QB_BIAS_MAX_ERR_LSB_Q10),
+        "k3_qb_loads": 0,
     },
     timeout=300,
 )
@@ -369,28 +438,53 @@ def moe_layer(ctx: GateContext) -> None:
         f"expert width {s.f}, shared width {s.f_s}, rsf = {RSF}",
     )
     _domain(ctx, p, x, want, idx, rsf_f)
-    ctx.check(
+    ctx.check_reference(
         "z_exact",
-        "z = W_down x is exact: Q.24 × Q.24 is held in Q.48 with no rounding",
-        bool(np.array_equal(z.astype(np.float64), np.ldexp(want["z"], K.A_FRAC))),
+        "z = W_down x is exact: Q.24 × Q.24 is held in Q.48 with no rounding, equal bit for bit "
+        "to float64's product (itself exact while every partial sum stays below 2^5 = 2^53 LSB)",
+        z.astype(np.float64),
+        np.ldexp(want["z"], K.A_FRAC),
+        unit="LSB (2^-48)",
+        function="z = W_down x",
+        domain=f"{s.t} seeded tokens, hidden {s.d}, latent {s.d_l}",
     )
-    check_shuffled(
-        ctx,
+    split = 100
+    ctx.check_deterministic(
         "batch_invariance",
-        lambda v: _route_and_run(k, v, qp, b, rsf, eps),
-        qx,
-        "routing plus the layer (y, z, c, r, s, idx, w)",
+        f"routing plus the layer over the {s.t} tokens in one call, in a shuffled order "
+        f"(un-shuffled afterwards), and in two calls split at token {split} give bit-identical "
+        "y, z, c, r, s, idx and w: a token's result depends on that token alone",
+        order_and_split_runs(lambda v: _route_and_run(k, v, qp, b, rsf, eps), qx, SEED + 20,
+                             split),
+    )  # fmt: skip
+    layer_args = (qx, idx, wts, qp["w_down"], qp["w1"], qp["w3"], qp["w2"], qp["w_n"], eps,
+                  qp["w_up"], qp["ws1"], qp["ws3"], qp["ws2"])  # fmt: skip
+    ctx.check_threads(
+        "threads",
+        f"the layer over the {s.t} tokens (tokens in parallel under OpenMP) gives bit-identical "
+        "y, z, c and r here and in fresh processes with 1 and 2 threads",
+        "moe_layer",
+        *layer_args,
     )
     _bias_never_weights(ctx, k, s, qp, qx, b, rsf, idx, wts)
     _quantile_balancing(ctx, k, s, qp, rsf, sb, xb)
+    check_qb_balance(ctx, k.router, k.qb_update)
     _k3_shape(ctx, k)
-    _compiled_layer(ctx, k)
+    real = f"the gate's real inputs ({s.t} tokens, {s.n} experts, top-{s.k})"
+    check_compiled(ctx, "compiled_router", "router", qx, qp["w_r"], b, s.k, rsf, inputs=real)
+    check_compiled(ctx, "compiled_layer", "moe_layer", *layer_args, inputs=real)
+    check_compiled(
+        ctx, "compiled_qb", "qb_update", sb, np.zeros(s.n, dtype=np.int64), s.k,
+        inputs=f"the gate's real inputs (the QB batch: {QB_TOKENS} tokens' scores, zero bias)",
+    )  # fmt: skip
     worst = next(c.measured for c in ctx.checks if c.name == "layer")
     bound = next(c.bound for c in ctx.checks if c.name == "layer")
+    bal = next(c.values for c in ctx.checks if c.name == "qb_balance")
     ctx.evidence(
         f"layer ({s.n} experts, top-{s.k}) within {worst:.4f} LSB of Q.24 (bound {bound:.4f}) "
         "of float64 on the same routing; shuffled tokens permute outputs bit for bit; one QB "
-        "update matches float64's loads"
+        f"update takes an expert holding all {bal['tokens']} tokens to max |load − q| = "
+        f"{bal['max_dev_after']} (q = {bal['q']})"
     )
 
 
@@ -473,44 +567,36 @@ def _bias_never_weights(ctx: GateContext, k, s: Shape, qp, qx, b, rsf, idx, wts)
     )
 
 
-def _band_per_expert(sf: np.ndarray, bf: np.ndarray, k: int) -> tuple[np.ndarray, int]:
-    """Per expert, the tokens in the QB rounding band (float64 gap at the k-th place <=
-    QB_BAND_LSB) in which the expert lies within the band of that place: the only tokens whose
-    choice of that expert may differ between integer and float64."""
-    biased = sf + bf
-    top = -np.sort(-biased, axis=1)
-    width = K.QB_BAND_LSB * 2.0**-K.S_FRAC
-    counts = np.zeros(sf.shape[1], dtype=np.int64)
-    tokens_in = 0
-    for t in np.flatnonzero(top[:, k - 1] - top[:, k] <= width):
-        tokens_in += 1
-        near = (biased[t] >= top[t, k] - width) & (biased[t] <= top[t, k - 1] + width)
-        counts[near] += 1
-    return counts, tokens_in
-
-
 def _qb_loads(ctx: GateContext, name: str, idx_before, idx_after, sf, bf, k: int) -> dict:
-    """The loads after one update: integer (its own s, b') against float64 (its own s, b')."""
-    n = sf.shape[1]
-    q = sf.shape[0] * k // n
+    """The loads after one update: integer (its own s, b') against float64 (its own s, b'),
+    counted exactly over the tokens outside the QB rounding band, where both must choose the
+    same set (module docstring of kernels.py, "Quantile Balancing")."""
+    m, n = sf.shape
+    q = m * k // n
     before = ref.loads(idx_before, n)
     load_int = ref.loads(idx_after, n)
-    load_f = ref.loads(ref.select(sf + bf, k), n)
-    band, band_tokens = _band_per_expert(sf, bf, k)
+    chosen_f = ref.select(sf + bf, k)
+    load_f = ref.loads(chosen_f, n)
+    out = ref.kth_gap(sf + bf, k) * 2.0**K.S_FRAC > K.QB_BAND_LSB  # outside the rounding band
+    band_tokens = int(m - out.sum())
     diff = np.abs(load_int - load_f)
-    ctx.check(
+    ctx.check_reference(
         name,
-        f"after one update on {sf.shape[0]} tokens ({n} experts, top-{k}) every expert's integer "
-        f"load is within the declared tolerance of q = m·k/n = {q}: |load − q| ≤ float64's "
-        f"|load − q| + the tokens in the rounding band ({K.QB_BAND_LSB} LSB) that involve that "
-        "expert, i.e. |load_int − load_float64| ≤ those band tokens, per expert",
-        bool(np.all(diff <= band)),
+        f"after one update on {m} tokens ({n} experts, top-{k}, q = m·k/n = {q}) each expert's "
+        f"integer load over the {int(out.sum())} tokens outside the rounding band (float64's gap "
+        f"at the k-th place > {K.QB_BAND_LSB} LSB of Q.40, where the two biased scores cannot "
+        "order differently) equals float64's load over the same tokens, exactly",
+        ref.loads(idx_after[out], n).astype(np.float64),
+        ref.loads(chosen_f[out], n).astype(np.float64),
+        unit="tokens",
+        function="per-expert load after one QB update",
+        domain=f"{m} tokens, {n} experts, top-{k}; {band_tokens} tokens in the band left out",
         q=q,
         max_dev_before=int(np.abs(before - q).max()),
         max_dev_integer=int(np.abs(load_int - q).max()),
         max_dev_float64=int(np.abs(load_f - q).max()),
-        max_load_difference=int(diff.max()),
-        experts_with_other_load=int((diff > 0).sum()),
+        max_load_difference_all_tokens=int(diff.max()),
+        experts_with_other_load_all_tokens=int((diff > 0).sum()),
         band_tokens=band_tokens,
     )
     return {"before": before, "int": load_int, "float": load_f, "band_tokens": band_tokens}
@@ -538,11 +624,17 @@ def _quantile_balancing(ctx: GateContext, k, s: Shape, qp, rsf, sb, xb) -> None:
     load_before, load_int, load_f = loads["before"], loads["int"], loads["float"]
     diff = np.abs(load_int - load_f)
     band_tokens = loads["band_tokens"]
-    shuffled = k.qb_update(np.ascontiguousarray(sb[::-1]), zero, s.k)
+    perm = np.random.default_rng(SEED + 21).permutation(sb.shape[0])
     ctx.check_deterministic(
         "qb_deterministic",
-        "the QB update twice, and on the batch in reverse token order, gives bit-identical biases",
-        {"first": b1, "second": k.qb_update(sb, zero, s.k), "reversed": shuffled},
+        "the QB update on the batch in its order, in reverse token order and in a shuffled token "
+        "order gives bit-identical biases: its order statistics (the (k+1)-th score of each "
+        "token, the (q+1)-th margin of each column) do not depend on the tokens' order",
+        {
+            "tokens in order": b1,
+            "tokens reversed": k.qb_update(np.ascontiguousarray(sb[::-1]), zero, s.k),
+            "tokens shuffled": k.qb_update(np.ascontiguousarray(sb[perm]), zero, s.k),
+        },
     )
     steps = [np.abs(load_before - q).max()]
     bi = zero
@@ -571,6 +663,94 @@ def _quantile_balancing(ctx: GateContext, k, s: Shape, qp, rsf, sb, xb) -> None:
                 ["tokens in the rounding band", band_tokens, ""],
             ],
         },
+    )
+
+
+def qb_balance_batch(s: Shape = TEST, m: int = QB_TOKENS, seed: int = SEED + 18) -> tuple:
+    """A batch of m tokens over s.n experts, top-s.k, in which expert 0 starts with every token,
+    built so that one exact Quantile Balancing update must balance it (see QB_BALANCE_BAND).
+
+    The router is the identity (hidden width = n, W_r = I), so x holds the logits. Home sets:
+    m / (n / k) groups of n / k tokens, each group a seeded partition of the n experts into sets
+    of k, so every expert is home to exactly q = m k / n tokens and expert 0 to one token per
+    group (the "A" tokens). Logits: expert 0 gets 3 + i 2^-12 for token i (σ in [0.953, 0.963],
+    distinct, above everything else); a token's other home experts get 0.5 + 0.06 r by rank r
+    (σ in [0.62, 0.72]; the A tokens' ranks start at 1); each A token has one "top low" expert
+    at -1 (σ = 0.27), every other logit is -2 (σ = 0.12). Every expert but 0 is the top low
+    expert of some A token. Returns (x Q.24 [m, n], W_r Q.24 [n, n], q).
+
+    Why one update balances it (zero bias, c_i the (k+1)-th biased score, margins s_ij - c_i):
+    an A token takes 0 and its k - 1 other homes, c_i = its top low score; a "B" token (0 not
+    home) takes 0 and its homes of rank >= 1, c_i = its rank-0 home score σ(0.5). Column 0's
+    margins are >= 0.953 - 0.269 for the q A tokens and <= 0.963 - 0.622 for the B tokens, so
+    its (q+1)-th is the largest B margin, at the B token with the largest i. In any other column
+    j the home tokens' margins are >= 0 (0 for the B tokens whose rank-0 home is j), at most q of
+    them, and the A token whose top low expert is j adds one more 0: the (q+1)-th margin is 0,
+    so b'_j = 0.
+    """
+    n, k = s.n, s.k
+    q = m * k // n
+    rng = np.random.default_rng(seed)
+    homes = np.concatenate(
+        [rng.permutation(n).reshape(n // k, k) for _ in range(m * k // n)]
+    )  # [m, k]: group g's n / k tokens partition the experts
+    logits = np.full((m, n), -2.0)
+    a_tokens = [i for i in range(m) if 0 in homes[i]]
+    low = {}
+    free = list(a_tokens)
+    for j in range(1, n):  # every expert j >= 1 is the top low expert of some A token
+        i = next(i for i in free if j not in homes[i])
+        free.remove(i)
+        low[i] = j
+    for i in free:
+        low[i] = next(j for j in range(1, n) if j not in homes[i])
+    for i in range(m):
+        others = [int(e) for e in homes[i] if e != 0]
+        first = 1 if i in low else 0
+        for r, e in enumerate(others):
+            logits[i, e] = 0.5 + 0.06 * (r + first)
+        if i in low:
+            logits[i, low[i]] = -1.0
+        logits[i, 0] = 3.0 + i * 2.0**-12
+    w_r = np.ascontiguousarray(np.eye(n, dtype=np.int64) << K.W_FRAC)
+    return q24(logits), w_r, q
+
+
+def check_qb_balance(ctx: GateContext, router, qb_update, name: str = "qb_balance") -> bool:
+    """Quantile Balancing's own promise on a batch where one expert starts with every token: after
+    ONE update, max_j |load_j - q| <= QB_BALANCE_BAND tokens (q = m k / n), the loads counted
+    from the router run again with the new bias. `router` is the kernels' router; `qb_update`
+    any function (s, b, k) -> b', so a test can hand in a no-op and watch this check fail."""
+    s = TEST
+    rsf = scalars()[0]
+    x, w_r, q = qb_balance_batch(s)
+    zero = np.zeros(s.n, dtype=np.int64)
+    sc, idx0, _ = router(x, w_r, zero, s.k, rsf)
+    before = ref.loads(idx0, s.n)
+    b1 = np.asarray(qb_update(sc, zero, s.k), dtype=np.int64)
+    _, idx1, _ = router(x, w_r, np.ascontiguousarray(b1), s.k, rsf)
+    after = ref.loads(idx1, s.n)
+    dev = int(np.abs(after - q).max())
+    m = x.shape[0]
+    return ctx.check(
+        name,
+        f"on a batch of {m} tokens where expert 0 starts with every token ({s.n} experts, "
+        f"top-{s.k}, the rest balanced), one Quantile Balancing update brings every expert's "
+        f"load within {QB_BALANCE_BAND} token of q = m·k/n = {q} when the router runs again with "
+        "the new bias (the band declared before the run from the method: the (q+1)-th margin "
+        "rule's one tie)",
+        int(before[0]) == m and dev <= QB_BALANCE_BAND,
+        message=f"max |load − q| = {dev} > {QB_BALANCE_BAND} (expert 0: {int(before[0])} tokens "
+        f"before, {int(after[0])} after)",
+        tokens=m,
+        q=q,
+        band=QB_BALANCE_BAND,
+        expert_0_before=int(before[0]),
+        expert_0_after=int(after[0]),
+        max_dev_before=int(np.abs(before - q).max()),
+        max_dev_after=dev,
+        min_load_after=int(after.min()),
+        max_load_after=int(after.max()),
     )
 
 
@@ -627,23 +807,6 @@ def _k3_shape(ctx: GateContext, k) -> None:
         max_dev_after=int(np.abs(ref.loads(idx, s.n) - s.t * s.k // s.n).max()),
         **{f"selection_{key}": v for key, v in agree.items()},
     )
-
-
-def _compiled_layer(ctx: GateContext, k) -> None:
-    s = TINY
-    p = params(SEED + 9, s)
-    qp = ints(p)
-    rsf, _, eps, _ = scalars()
-    qx = q24(-np.abs(tokens(SEED + 10, s.t, s.d)))  # negative inputs: Pythran's // and % trap
-    b = quantize(np.random.default_rng(SEED).normal(0, 0.1, s.n), K.S_FRAC)
-    _, idx, wts = k.router(qx, qp["w_r"], b, s.k, rsf)
-    check_compiled(ctx, "compiled_router", "router", qx, qp["w_r"], b, s.k, rsf)
-    check_compiled(
-        ctx, "compiled_layer", "moe_layer", qx, idx, wts, qp["w_down"], qp["w1"], qp["w3"],
-        qp["w2"], qp["w_n"], eps, qp["w_up"], qp["ws1"], qp["ws3"], qp["ws2"],
-    )  # fmt: skip
-    sc, _, _ = k.router(qx, qp["w_r"], b, s.k, rsf)
-    check_compiled(ctx, "compiled_qb", "qb_update", sc, -np.abs(b), s.k)
 
 
 # == STRONG: the backward, routing held fixed =====================================================
@@ -710,29 +873,36 @@ def moe_backward(ctx: GateContext) -> None:
     _backward_domain(ctx, p, zf, idx, wf, dcf)
     _finite_differences(ctx, p, zf, idx, wf, dcf)
     _backward_properties(ctx, k, qp, z, idx, wts, dc, got)
-    tiny = TINY
-    tp = ints(params(SEED + 13, tiny))
-    ti = balanced_routing(Shape(t=5, d=6, d_l=4, f=3, n=5, k=2, f_s=3), SEED)
-    tz = np.ascontiguousarray(-quantize(np.abs(np.random.default_rng(1).normal(0, 1, (5, 4))), 48))
-    tw = np.full((5, 2), 1 << 55, dtype=np.int64)
-    tdc = np.ascontiguousarray(quantize(np.random.default_rng(2).uniform(-1, 1, (5, 4)), 48))
-    check_compiled(ctx, "compiled_backward", "expert_backward", tz, ti, tw, tdc, tp["w1"],
-                   tp["w3"], tp["w2"])  # fmt: skip
-    perm = np.random.default_rng(SEED + 16).permutation(s.t)
-    inv = np.argsort(perm)
+    bwd_args = (z, idx, wts, dc, qp["w1"], qp["w3"], qp["w2"])
+    check_compiled(
+        ctx, "compiled_backward", "expert_backward", *bwd_args,
+        inputs=f"the gate's real inputs ({s.t} tokens, {BACKWARD_Q} per expert, top-{s.k})",
+    )  # fmt: skip
     c_ = np.ascontiguousarray
-    shuffled = k.expert_backward(
-        c_(z[perm]), c_(idx[perm]), c_(wts[perm]), c_(dc[perm]), qp["w1"], qp["w3"], qp["w2"]
-    )
+    runs = {"tokens in order": got}
+    for label, order in (
+        ("tokens shuffled", np.random.default_rng(SEED + 16).permutation(s.t)),
+        ("tokens reversed", np.arange(s.t)[::-1]),
+    ):
+        inv = np.argsort(order)
+        out = k.expert_backward(
+            c_(z[order]), c_(idx[order]), c_(wts[order]), c_(dc[order]), qp["w1"], qp["w3"],
+            qp["w2"],
+        )  # fmt: skip
+        runs[f"{label} (dwts, dz un-permuted after)"] = (out[0][inv], out[1][inv], *out[2:])
     ctx.check_deterministic(
         "deterministic",
-        "two runs, and a run over the tokens in a shuffled order (dwts, dz un-shuffled after; "
-        "dw1, dw3, dw2 summed over the tokens in that other order), give bit-identical gradients",
-        {
-            "first": got,
-            "second": k.expert_backward(z, idx, wts, dc, qp["w1"], qp["w3"], qp["w2"]),
-            "shuffled": (shuffled[0][inv], shuffled[1][inv], *shuffled[2:]),
-        },
+        "the backward over the tokens in their order, shuffled, and reversed (dwts, dz "
+        "un-permuted after; dw1, dw3, dw2 then sum each expert's tokens in another order) gives "
+        "bit-identical gradients: every weight-gradient sum is exact",
+        runs,
+    )
+    ctx.check_threads(
+        "threads",
+        f"the backward over the {s.t} tokens (tokens, then experts, in parallel under OpenMP) "
+        "gives bit-identical gradients here and in fresh processes with 1 and 2 threads",
+        "expert_backward",
+        *bwd_args,
     )
     worst = {c.name: c.measured for c in ctx.checks if c.name in GRADS}
     ctx.evidence(

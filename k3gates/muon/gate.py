@@ -12,16 +12,12 @@ reported), and uses square ones only for the transposition and permutation prope
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
-from k3gates.fx.checks import check_compiled, lsb
+from k3gates.fx.checks import lsb
 from k3gates.gate import GateContext, bit_equal, gate
+from k3gates.training import check_training
 
 from . import reference as ref
 from .kernels import (
@@ -49,6 +45,12 @@ NS_SHAPES = ((32, 96), (96, 32), (16, 64), (48, 160), (64, 192))  # rows <= NS5_
 SQUARES = (24, 40, 64)
 KAPPA_MIN = 0.05  # sigma_min / ||G||_F the NS5 tolerance's model assumed
 S_MAX = 1.25  # ||X||_2 the local bound assumed
+# NS5 from the kernel's own X_0, a priori (the first-order model of kernels.py's docstring,
+# recomputed in tests/test_muon_kernels.py): each of the five steps adds at most the local bound
+# (0.78 LSB at m <= 64) and the later steps amplify those errors by at most 54 in sum, so
+# |NS5 - float64 NS5 from X_0| <= 0.78 x 54 = 42 LSB (the normalisation's term, 119 x 1/2 LSB,
+# is what the looser declared NS5_TOL_LSB adds on top).
+NS5_STEP_GAIN = 54
 
 # the Muon step's hyper-parameters (Q.30) and shapes, fixed so that the bounds are declared
 MU_Q = round(0.95 * 2**HYPER_FRAC)
@@ -57,6 +59,9 @@ WD_Q = round(0.1 * 2**HYPER_FRAC)
 STEP_SHAPE = (48, 144)
 HEADS, D_HEAD, D_MODEL = 4, 16, 48  # per-head: W_Q-like [64, 48] by rows, W_O-like [48, 64]
 TAU = 100.0  # QK-Clip threshold (Kimi K2)
+# declared: a clipped head's max logit lands on tau to 1e-5 relative (the weights' 1/2 LSB of
+# Q.24 and sqrt(gamma)'s 2^-31 move a logit of 100 by far less)
+QK_CLIP_TAU_TOL = 1e-5
 
 
 def q(a: np.ndarray, frac: int) -> np.ndarray:
@@ -65,6 +70,13 @@ def q(a: np.ndarray, frac: int) -> np.ndarray:
 
 def real(a: np.ndarray, frac: int) -> np.ndarray:
     return np.ldexp(np.asarray(a, dtype=np.float64), -frac)
+
+
+def check_compiled(ctx: GateContext, name: str, func: str, *args, inputs: str) -> None:
+    """compiled == interpreted on `inputs`, timed after one warm-up call (the first call of an
+    OpenMP kernel starts the thread pool, which would otherwise dominate the speed ratio)."""
+    getattr(ctx.compiled(), func)(*args)
+    ctx.check_compiled_matches_interpreted(name, func, *args, inputs=inputs)
 
 
 def _kappa(g: np.ndarray) -> float:
@@ -98,6 +110,7 @@ def _trajectory(k, g: np.ndarray) -> tuple[list[np.ndarray], int]:
     kernels=["k3gates.muon.kernels"],
     bounds={
         "ns_step": lsb(ns_step_bound_q10(NS5_TOL_MAX_ROWS)),
+        "ns5_given_x0": lsb(ns_step_bound_q10(NS5_TOL_MAX_ROWS)) * NS5_STEP_GAIN,
         "ns5_vs_float64": NS5_TOL_LSB,
     },
     timeout=180,
@@ -109,8 +122,10 @@ def muon_ns5(ctx: GateContext) -> None:
     gs = _ns_inputs(np.random.default_rng(SEED))
     outs = [k.ns5(g, EPS_RAW) for g in gs]
     got, want, smax, guards, same = [], [], [], [int(o[1]) for o in outs], True
+    x0s = []
     for g, o in zip(gs, outs, strict=True):
         xs, guard = _trajectory(k, g)
+        x0s.append(xs[0])
         guards.append(guard)
         same &= np.array_equal(xs[-1], o[0].T if g.shape[0] > g.shape[1] else o[0])
         for x, x_next in itertools.pairwise(xs):
@@ -129,15 +144,31 @@ def muon_ns5(ctx: GateContext) -> None:
         domain=f"5 iterations of each of {len(gs)} seeded Gaussian matrices, shapes {NS_SHAPES}",
     )
     local = ctx.checks[-1].measured
+    ns5_out = np.concatenate([o[0].astype(np.float64).ravel() for o in outs])
+    ctx.check_reference(
+        "ns5_given_x0",
+        "NS5 of each G (the kernel's output) is within 54 times the local bound (the first-order "
+        "model's summed amplification of the five steps' errors) of five float64 iterations "
+        "from the kernel's own normalised X_0",
+        ns5_out,
+        np.concatenate([_from_x0(g, xs0) for g, xs0 in zip(gs, x0s, strict=True)]),
+        unit=LSB14,
+        function="five float64 NS iterations from the integer X_0",
+        domain=f"{len(gs)} seeded Gaussian matrices, shapes {NS_SHAPES}",
+    )
+    given = ctx.checks[-1].measured
     ctx.check_reference(
         "ns5_vs_float64",
         "NS5 of each quantised G is within the declared tolerance (2^-7) of float64 NS5 of the "
-        "same G; a tolerance from a first-order model, not a proof (kernels.py docstring)",
-        np.concatenate([o[0].astype(np.float64).ravel() for o in outs]),
+        "same G; a tolerance from a first-order model, not a proof (kernels.py docstring), "
+        "looser than 5% of the output's RMS, so it stands as a worst case beside ns5_given_x0",
+        ns5_out,
         np.concatenate(
             [ref.ns5(real(g, G_FRAC), EPS_RAW / 2**G_FRAC).ravel() * 2**X_FRAC for g in gs]
         ),
         unit=LSB14,
+        worst_case=True,
+        tight="ns5_given_x0",
         function="NS5(G) = five NS iterations of G/(||G||_F + eps)",
         domain=f"{len(gs)} seeded Gaussian matrices, shapes {NS_SHAPES}",
     )
@@ -157,17 +188,34 @@ def muon_ns5(ctx: GateContext) -> None:
     s_lo, s_hi = _singular_values(ctx, outs)
     _transpose(ctx, k, gs)
     _equivariance(ctx, k, gs)
-    small = np.array([[-(2**40), 3, -5, 7, 2**33 + 1], [9, -(2**35), 0, 4, -1], [1, 2, -3, 5, 8]])
-    check_compiled(ctx, "compiled_ns5", "ns5", np.ascontiguousarray(small.T), 3)
-    check_compiled(ctx, "compiled_step", "ns_step", _trajectory(k, gs[4][:4, :12].copy())[0][1])
+    check_compiled(
+        ctx, "compiled_ns5", "ns5", _square_edge(), 3,
+        inputs="a slice: one 7×7 matrix, which reaches every branch of ns5 on the int32 path "
+        "because its entries up to 2^40 force the pre-shift to 31 bits and eps's rescaling by a "
+        "right shift, it is square with its columns winning (the orientation rule, transposed "
+        "in and out), 7 leaves remainders in every unrolled matmul loop, and it holds zeros and "
+        "both signs (the all-zero G's early return aside)",
+    )  # fmt: skip
+    check_compiled(
+        ctx, "compiled_step", "ns_step", _trajectory(k, gs[4][:5, :13].copy())[0][1],
+        inputs="a slice: the first iterate X_1 (5×13, int16 Q1.14) of a 5×13 corner of one of "
+        "the gate's inputs, which reaches every branch of ns_step's int32 path because 5 and 13 "
+        "leave remainders in every unrolled matmul loop and its entries have both signs, so A, "
+        "B and X_new round both ways",
+    )  # fmt: skip
+    check_compiled(
+        ctx, "compiled_fallback", "ns_step", _fallback_iterate(),
+        inputs="a slice: one 3×9 int16 iterate with rows of norm 2^16.5, which breaks the "
+        "Cauchy-Schwarz guard, so ns_step takes its int64 and saturating branches (the gate's "
+        "own inputs never do: premise guard = 0)",
+    )  # fmt: skip
     perm = np.random.default_rng(SEED + 1).permutation(gs[0].shape[0])
     ctx.check_deterministic(
         "deterministic",
-        "two runs of NS5, and a run on G with its rows permuted (un-permuted after), give "
-        "bit-identical outputs",
+        "NS5 of G and NS5 of G with its rows permuted (un-permuted after; the sums over rows "
+        "in A^2 and B X then run in another order) give bit-identical outputs",
         {
-            "first": outs[0],
-            "second": k.ns5(gs[0], EPS_RAW),
+            "as given": outs[0],
             "rows permuted": (
                 k.ns5(np.ascontiguousarray(gs[0][perm]), EPS_RAW)[0][np.argsort(perm)],
                 outs[0][1],
@@ -177,9 +225,35 @@ def muon_ns5(ctx: GateContext) -> None:
     ctx.evidence(
         f"NS5 in int16 Q1.14: each iteration within {local:.3f} LSB of float64 "
         "(bound "
-        f"{lsb(ns_step_bound_q10(NS5_TOL_MAX_ROWS)):.3f}), NS5 within {err:.1f} LSB (tolerance "
-        f"{NS5_TOL_LSB}); singular values in [{s_lo:.3f}, {s_hi:.3f}]"
+        f"{lsb(ns_step_bound_q10(NS5_TOL_MAX_ROWS)):.3f}), NS5 within {given:.1f} LSB of float64 "
+        f"from the integer X_0 (bound {ctx.spec.bounds['ns5_given_x0']:.1f}) and {err:.1f} LSB "
+        f"from G (tolerance {NS5_TOL_LSB}); singular values in "
+        f"[{s_lo:.3f}, {s_hi:.3f}]"
     )
+
+
+def _from_x0(g: np.ndarray, x0: np.ndarray) -> np.ndarray:
+    """Five float64 NS iterations from the integer X_0 (wide), in G's orientation, in LSB."""
+    x = real(x0, X_FRAC)
+    for _ in range(5):
+        x = ref.ns_iteration(x)
+    return (x.T if g.shape[0] > g.shape[1] else x).ravel() * 2.0**X_FRAC
+
+
+def _square_edge() -> np.ndarray:
+    """A square G whose first column holds entries near 2^40: pre-shift, columns win."""
+    g = np.random.default_rng(SEED + 5).integers(-(2**34), 2**34, (7, 7))
+    g[:, 0] = [-(2**40), 2**39 + 3, -(2**38) - 1, 2**39, -(2**37), 2**40 - 5, 2**38]
+    g[2, 3], g[4, 4] = 0, 2**33 + 1
+    return np.ascontiguousarray(g)
+
+
+def _fallback_iterate() -> np.ndarray:
+    """Rows of norm 3 x 30000 = 2^16.5 (> 2^15.5 the int32 path allows): the int64 branch."""
+    x = np.full((3, 9), 30000, dtype=np.int16)
+    x[1] = -x[1]
+    x[2, ::2] = -x[2, ::2]
+    return x
 
 
 def _singular_values(ctx: GateContext, outs: list) -> tuple[float, float]:
@@ -292,6 +366,7 @@ def _references(k, p: dict, heads: int, axis: int) -> tuple[np.ndarray, np.ndarr
         "step_given_ns5": lsb(STEP_MAX_ERR_LSB_Q10),
         "step_vs_float64": step_tolerance_lsb(LR_Q, max(STEP_SHAPE), TRAIN_FRAC),
         "qk_clip": lsb(QKCLIP_MAX_ERR_LSB_Q10),
+        "qk_clip_tau": QK_CLIP_TAU_TOL,
     },
     timeout=180,
 )
@@ -336,11 +411,16 @@ def muon_step(ctx: GateContext) -> None:
     )
     _step_properties(ctx, k, p, w_new, guard)
     _qk_clip(ctx, k)
-    tiny = {name: np.ascontiguousarray(-np.abs(a[:4, :6])) for name, a in p.items()}
+    tiny = {name: np.ascontiguousarray(-np.abs(a[:10, :6])) for name, a in p.items()}
     tiny["G"][0] = -tiny["G"][0]
     check_compiled(
         ctx, "compiled_step", "muon_step", tiny["W"], tiny["M"], tiny["G"],
-        MU_Q, LR_Q, WD_Q, 1, 2, 1, TRAIN_FRAC, 5,
+        MU_Q, LR_Q, WD_Q, 0, 2, 0, TRAIN_FRAC, 5,
+        inputs="a slice: W, M, G the 10×6 corner of the gate's problem made negative (G's first "
+        "row positive), 2 heads of 5 rows, plain momentum, which reaches the row-slicing and "
+        "non-Nesterov branches of muon_step and every branch of its NS5's int32 path, with "
+        "roundings of both signs (the column-slicing and Nesterov branches run in muon_perhead's "
+        "compiled_perhead)",
     )  # fmt: skip
     perm = np.random.default_rng(SEED + 11).permutation(STEP_SHAPE[1])
     pp = {name: np.ascontiguousarray(a[:, perm]) for name, a in p.items()}
@@ -348,13 +428,9 @@ def muon_step(ctx: GateContext) -> None:
     inv = np.argsort(perm)
     ctx.check_deterministic(
         "deterministic",
-        "two runs of the step, and a run with the columns of W, M and G permuted (un-permuted "
-        "after; every NS5 sum then runs in another order), give bit-identical W and M",
-        {
-            "first": (w_new, m_new, guard),
-            "second": _run_step(k, p),
-            "columns permuted": (wp[:, inv], mp[:, inv], gp),
-        },
+        "the step on W, M, G and the step with their columns permuted (un-permuted after; every "
+        "NS5 sum over columns then runs in another order) give bit-identical W and M",
+        {"as given": (w_new, m_new, guard), "columns permuted": (wp[:, inv], mp[:, inv], gp)},
     )
     worst = max(c.measured for c in ctx.checks if c.name == "step_vs_float64")
     ctx.evidence(
@@ -430,46 +506,28 @@ def _qk_clip(ctx: GateContext, k) -> None:
         for h in range(HEADS)
         if not over[h]
     )
-    rel = float(np.abs(after[over] / TAU - 1).max()) if over.any() else 0.0
+    on_tau = ctx.check_reference(
+        "qk_clip_tau",
+        "the clipped heads' max logit, recomputed in float64 from the clipped integer weights, "
+        "is tau to within 10^-5 (relative, declared)",
+        after[over] / TAU,
+        np.ones(int(over.sum())),
+        unit="fraction of tau",
+        function="max logit after QK-Clip / tau",
+        heads_clipped=int(over.sum()),
+    )
     ctx.check(
         "qk_clip_property",
-        "heads whose max logit is at most tau are returned bit-identical; the clipped heads' max "
-        "logit, recomputed from the clipped integer weights, is tau to within 10^-5",
-        untouched and clipped == int(over.sum()) and 0 < clipped < HEADS and rel < 1e-5,
+        "heads whose max logit is at most tau are returned bit-identical, exactly the heads "
+        "above tau are clipped (some, not all), and their max logit lands on tau (qk_clip_tau)",
+        untouched and clipped == int(over.sum()) and 0 < clipped < HEADS and on_tau,
         heads_clipped=int(clipped),
-        max_relative_distance_to_tau=rel,
         max_logits_before=s_max.tolist(),
         max_logits_after=after.tolist(),
     )
 
 
 # == STRONG: per-head isolation and order-independence ============================================
-def _other_threads(args: dict[str, np.ndarray], heads: int, axis: int) -> tuple:
-    """muon_step on `args` computed in a fresh process with another OpenMP thread count (1 if
-    this process may use more, else 2): (W_new, M_new, guard)."""
-    threads = "2" if os.environ.get("OMP_NUM_THREADS", "1") == "1" else "1"
-    root = Path(__file__).resolve().parents[2]
-    with tempfile.TemporaryDirectory() as tmp:
-        data, result = Path(tmp) / "args.npz", Path(tmp) / "out.npz"
-        np.savez(data, **args)
-        code = (
-            "import sys, numpy as np\n"
-            "from k3gates import compile as kc\n"
-            "a = np.load(sys.argv[1])\n"
-            "k = kc.load('k3gates.muon.kernels')\n"
-            f"w, m, g = k.muon_step(a['W'], a['M'], a['G'], {MU_Q}, {LR_Q}, {WD_Q}, 1, {heads}, "
-            f"{axis}, {TRAIN_FRAC}, {STEP_EPS})\n"
-            "np.savez(sys.argv[2], w=w, m=m, g=np.array(g))\n"
-        )
-        env = dict(os.environ, OMP_NUM_THREADS=threads, PYTHONPATH=str(root))
-        subprocess.run(
-            [sys.executable, "-c", code, str(data), str(result)],
-            capture_output=True, text=True, env=env, cwd=root, timeout=120, check=True,
-        )  # fmt: skip
-        out = np.load(result)
-        return out["w"], out["m"], int(out["g"])
-
-
 @gate(
     "muon_perhead",
     innovation="perheadmuon",
@@ -519,12 +577,24 @@ def muon_perhead(ctx: GateContext) -> None:
         domain=domain,
     )
     moved = _isolation(ctx, k, layouts)
-    differing = _order_drift(ctx, k, layouts["W_Q (rows)"][0])
-    small = _step_problem(rng, (6, 8))
+    w_q = layouts["W_Q (rows)"][0]
+    threads = ctx.check_threads(
+        "threads",
+        "the per-head Muon step (4 heads of W_Q by rows; its NS5 matmuls are OpenMP loops over "
+        "rows) gives bit-identical W, M in fresh processes with 1 and 2 OpenMP threads and here",
+        "muon_step", w_q["W"], w_q["M"], w_q["G"], MU_Q, LR_Q, WD_Q, 1, HEADS, 0, TRAIN_FRAC,
+        STEP_EPS,
+    )  # fmt: skip
+    differing = _order_drift(ctx, k, w_q, threads)
+    small = _step_problem(rng, (6, 10))
     tiny = {name: np.ascontiguousarray(-np.abs(a)) for name, a in small.items()}
+    tiny["M"][:, ::3] = -tiny["M"][:, ::3]
     check_compiled(
         ctx, "compiled_perhead", "muon_step", tiny["W"], tiny["M"], tiny["G"],
         MU_Q, LR_Q, WD_Q, 1, 2, 1, TRAIN_FRAC, 5,
+        inputs="a slice: W, M, G 6×10 drawn like the gate's (W and G negative, M of both "
+        "signs), 2 heads of 5 columns (as W_O) with Nesterov, which reaches the column-slicing, "
+        "tall-slice and Nesterov branches of muon_step with roundings of both signs",
     )  # fmt: skip
     ctx.evidence(
         f"{HEADS} heads: changing one head's gradient changed {moved} entries of the other heads' "
@@ -567,9 +637,10 @@ def _isolation(ctx: GateContext, k, layouts: dict) -> int:
     return moved
 
 
-def _order_drift(ctx: GateContext, k, p: dict) -> int:
+def _order_drift(ctx: GateContext, k, p: dict, threads: bool) -> int:
     """Float64 per-head Muon with its matmuls summed forwards and backwards, against the integer
-    step with permuted columns and another thread count."""
+    step with permuted columns and (`threads`: the verdict of the check `threads`) another
+    OpenMP thread count."""
 
     def reverse(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a[:, ::-1] @ b[::-1, :]  # the same products, summed in the reverse order
@@ -587,28 +658,24 @@ def _order_drift(ctx: GateContext, k, p: dict) -> int:
     pp = {name: np.ascontiguousarray(a[:, perm]) for name, a in p.items()}
     wp, mp, gp = _run_step(k, pp, HEADS, 0)
     inv = np.argsort(perm)
-    threads = _other_threads(p, HEADS, 0)
-    same = bit_equal(base, (wp[:, inv], mp[:, inv], gp)) and bit_equal(base, threads)
+    same = bit_equal(base, (wp[:, inv], mp[:, inv], gp))
     ctx.check(
         "float64_drifts_integer_does_not",
         "measured here: a float64 per-head Muon step with its matmuls summed in reverse order "
         "gives different bits from the same step summed forwards, while the integer step gives "
-        "bit-identical W, M with permuted columns and with another OpenMP thread count",
-        differing > 0 and same,
+        "bit-identical W, M with its columns permuted (its sums in another order) and with "
+        "another OpenMP thread count (the check threads)",
+        differing > 0 and same and threads,
         float64_entries_differing=differing,
         float64_max_abs_diff=float(np.abs(fwd - bwd).max()),
-        integer_bit_identical=same,
+        integer_bit_identical_permuted=same,
+        integer_bit_identical_threads=threads,
     )
     ctx.check_deterministic(
         "deterministic",
-        "two runs, a run with permuted columns (un-permuted after), and a run in a fresh process "
-        "with another OpenMP thread count give bit-identical per-head steps",
-        {
-            "first": base,
-            "second": _run_step(k, p, HEADS, 0),
-            "columns permuted": (wp[:, inv], mp[:, inv], gp),
-            "other thread count (fresh process)": threads,
-        },
+        "the per-head step on W_Q and the step with the columns of W, M and G permuted "
+        "(un-permuted after) give bit-identical W and M",
+        {"as given": base, "columns permuted": (wp[:, inv], mp[:, inv], gp)},
     )
     return differing
 
@@ -618,7 +685,11 @@ def _order_drift(ctx: GateContext, k, p: dict) -> int:
 # threshold asks the student to explain 99% of the teacher's output variance.
 LOSS_THRESHOLD = 0.01
 # Declared tolerances, not derived bounds (training is a long non-linear iteration):
-CURVE_MAX_DIFF = 0.01  # |integer loss - float64 loss| at every step
+# integer / float64 loss within 3% (relative) at every logged step, declared before any run for
+# all three training gates: below the 5% discrimination cap, and above what the narrowest format
+# in the loop (NS5's Q1.14: 2^-14 per entry, amplified through NS5 and accumulated over the 200
+# steps) can move the loss. It differs from LOSS_THRESHOLD, which is a different thing.
+CURVE_REL_TOL = 0.03
 GRAD_REL_TOL = 2.0**-16  # |dW_int - dW_float| / max |dW_float| at the initial weights
 N_SEQ, T_LEN, D_TRAIN, TRAIN_HEADS = 64, 8, 8, 2  # d_h = 4, sqrt(d_h) = 2^1
 SCALE_SHIFT = 1
@@ -641,11 +712,16 @@ def attention_data(seed: int) -> dict[str, np.ndarray]:
     return out | {f"w{n}": q(w, 24) for n, w in w0.items()}
 
 
-def _train(k, d: dict, order: np.ndarray, steps: int = TRAIN_STEPS) -> tuple:
-    return k.train_attention(
+def _train_args(d: dict, order: np.ndarray, steps: int = TRAIN_STEPS) -> tuple:
+    """The arguments of the whole training run, `train_attention(*args)`."""
+    return (
         d["x"], d["y"], d["wq"], d["wk"], d["wv"], d["wo"], steps, T_LEN, TRAIN_HEADS,
         SCALE_SHIFT, TRAIN_LR_Q, MU_Q, 0, TRAIN_EPS, order,
     )  # fmt: skip
+
+
+def _train(k, d: dict, order: np.ndarray, steps: int = TRAIN_STEPS) -> tuple:
+    return k.train_attention(*_train_args(d, order, steps))
 
 
 def _float_inputs(d: dict) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -659,17 +735,18 @@ def _float_inputs(d: dict) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray
     innovation="perheadmuon",
     level="PROVEN",
     kernels=["k3gates.muon.kernels"],
-    bounds={"loss_curve": CURVE_MAX_DIFF, "initial_gradients": GRAD_REL_TOL},
+    bounds={"loss_curve": CURVE_REL_TOL, "initial_gradients": GRAD_REL_TOL},
     timeout=300,
 )
 def muon_training(ctx: GateContext) -> None:
     """An attention layer (2 heads) trained with integer Per-Head Muon on a seeded teacher-student
-    task brings its MSE below 0.01, bit-identically across runs, beside a float64 run."""
+    task brings its MSE below 0.01, within 3% of a float64 run at every step, bit-identically in
+    a fresh process with another thread count and in another sequence order."""
     k = ctx.compiled()
     d = attention_data(SEED)
     order = np.arange(N_SEQ, dtype=np.int64)
-    first = _train(k, d, order)
-    second = _train(k, d, order)
+    args = _train_args(d, order)
+    first = k.train_attention(*args)
     shuffled = _train(k, d, np.random.default_rng(SEED + 30).permutation(N_SEQ))
     curve = real(first[0], 24)
     x, y, w = _float_inputs(d)
@@ -677,26 +754,16 @@ def muon_training(ctx: GateContext) -> None:
         x, y, w, heads=TRAIN_HEADS, steps=TRAIN_STEPS, lr=TRAIN_LR_Q / 2**HYPER_FRAC,
         mu=MU_Q / 2**HYPER_FRAC, wd=0.0,
     )  # fmt: skip
-    ctx.check_reference(
-        "loss_curve",
-        f"the integer run's loss stays within {CURVE_MAX_DIFF:g} (declared) of a float64 run of "
-        "the same layer, data, initialisation and per-head Muon at every step",
-        curve,
-        floats,
+    check_training(
+        ctx,
+        curve=curve,
+        twin=floats,
+        threshold=LOSS_THRESHOLD,
         unit="MSE (target variance 1)",
-        function="per-head Muon training loss, integer vs float64",
-        domain=f"{TRAIN_STEPS + 1} steps",
+        rerun=("train_attention", args),
+        first=first,
     )
     _initial_gradients(ctx, k, d, x, y, w)
-    ctx.check(
-        "loss_below_threshold",
-        f"the integer run's final MSE is below the declared threshold {LOSS_THRESHOLD}",
-        curve[-1] < LOSS_THRESHOLD,
-        message=f"final MSE {curve[-1]:.6f} >= {LOSS_THRESHOLD}",
-        initial=float(curve[0]),
-        final=float(curve[-1]),
-        threshold=LOSS_THRESHOLD,
-    )
     ctx.check(
         "no_saturation",
         "no activation, error or weight saturated and no NS5 int32 guard tripped in any step",
@@ -705,19 +772,29 @@ def muon_training(ctx: GateContext) -> None:
         guard=int(first[6]),
     )
     ctx.check_deterministic(
-        "bit_identical_runs",
-        "two runs, and a run visiting the sequences in a shuffled order, give bit-identical loss "
-        "curves and final weights (every sum is exact)",
-        {"first": first, "second": second, "shuffled order": shuffled},
+        "shuffled_order",
+        "the training visiting the sequences in a shuffled order gives loss curves and final "
+        "weights bit-identical to the run in order (every sum is exact)",
+        {"sequences in order": first, "sequences in a shuffled order": shuffled},
     )
-    tiny = {name: np.ascontiguousarray(a[: 2 * T_LEN] if a.shape[0] > D_TRAIN else a)
-            for name, a in d.items()}  # fmt: skip
     check_compiled(
-        ctx, "compiled_train", "train_attention", tiny["x"], tiny["y"], tiny["wq"], tiny["wk"],
-        -tiny["wv"], tiny["wo"], 2, T_LEN, TRAIN_HEADS, SCALE_SHIFT, TRAIN_LR_Q, MU_Q, WD_Q,
-        TRAIN_EPS, np.arange(2, dtype=np.int64),
+        ctx, "compiled_train", "train_attention", *_saturating_problem(d),
+        inputs="a slice: 2 sequences × 8 tokens of the gate's data with W_V negated, the first "
+        "sequence's x scaled by 24 and two rows of W_O at ±(2^29 - 1), 2 steps, which reaches "
+        "every branch of train_attention's own code: activations and errors saturate at 2^31, "
+        "weights clamp at 2^29, values and roundings have both signs (its NS5 branches are "
+        "held by the ns5 and step checks)",
     )  # fmt: skip
     _training_artifacts(ctx, curve, floats)
+
+
+def _saturating_problem(d: dict) -> tuple:
+    """A 2-sequence slice of the training data pushed into every saturation branch."""
+    t = {n: (a[: 2 * T_LEN] if a.shape[0] > D_TRAIN else a).copy() for n, a in d.items()}
+    t["wv"] = -t["wv"]
+    t["x"][:T_LEN] *= 24  # |x| up to ~67: q, k, v and y_hat saturate at 2^31 raw
+    t["wo"][0], t["wo"][1] = (1 << 29) - 1, -((1 << 29) - 1)  # at the clamp: any step outward
+    return _train_args(t, np.arange(2, dtype=np.int64), 2)
 
 
 def _initial_gradients(ctx: GateContext, k, d: dict, x, y, w) -> None:
@@ -781,6 +858,7 @@ def _training_artifacts(ctx: GateContext, curve: np.ndarray, floats: np.ndarray)
     )
     ctx.evidence(
         f"integer per-head Muon: attention MSE {curve[0]:.3f} -> {curve[-1]:.4f} in "
-        f"{TRAIN_STEPS} steps (threshold {LOSS_THRESHOLD}), float64 run within "
-        f"{float(np.abs(curve - floats).max()):.1e}, runs bit-identical"
+        f"{TRAIN_STEPS} steps (threshold {LOSS_THRESHOLD}), within "
+        f"{float(np.abs(curve / floats - 1).max()):.1%} of a float64 run at every step, "
+        "bit-identical with another thread count and sequence order"
     )

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from k3gates.fx.checks import check_compiled, check_shuffled, in_lsb, lsb, raw
+from k3gates.fx.checks import in_lsb, lsb, raw
 from k3gates.gate import GateContext, gate
+from k3gates.training import check_training
 
 from . import reference as ref
 from .kernels import (
@@ -34,6 +35,10 @@ F = 24  # g, u, dout in Q.24 in every gate
 Q24 = "LSB (2^-24)"
 SEED = 20260704
 B, BL = SITU_BETA, SITU_BETA_LIN
+# declared: at beta = beta_lin = 512 (|g|, |u| <= 4) SiTU-GLU is within 1e-3 of SwiGLU, since
+# beta tanh(x/beta) = x - x^3/(3 beta^2) + ...: 4^3/(3 512^2) = 8.1e-5 on each factor, times the
+# other factor (<= 4), is at most 6.5e-4 there, plus Q7.24's half LSB
+SWIGLU_LIMIT_TOL = 1e-3
 
 
 def q24(a: np.ndarray) -> np.ndarray:
@@ -42,6 +47,31 @@ def q24(a: np.ndarray) -> np.ndarray:
 
 def real(a: np.ndarray) -> np.ndarray:
     return np.ldexp(np.asarray(a, dtype=np.float64), -F)
+
+
+def check_compiled(ctx: GateContext, name: str, func: str, *args, inputs: str) -> None:
+    """compiled == interpreted on `inputs`, timed after one warm-up call (the first call of an
+    OpenMP kernel starts the thread pool, which would otherwise dominate the speed ratio)."""
+    getattr(ctx.compiled(), func)(*args)
+    ctx.check_compiled_matches_interpreted(name, func, *args, inputs=inputs)
+
+
+def check_shuffled(ctx: GateContext, name: str, fn, x: np.ndarray, what: str) -> None:
+    """A run over the rows of x in a shuffled order (un-shuffled after) gives the same bits as
+    the run in order."""
+    perm = np.random.default_rng(SEED + 3).permutation(x.shape[0])
+    inv = np.argsort(perm)
+    back = tuple(np.asarray(o)[inv] for o in _tuple(fn(np.ascontiguousarray(x[perm]))))
+    ctx.check_deterministic(
+        name,
+        f"{what} over its inputs in a shuffled order (un-shuffled after) gives outputs "
+        "bit-identical to the run in order",
+        {"in order": _tuple(fn(x)), "shuffled": back},
+    )
+
+
+def _tuple(out: object) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
 
 
 def grid() -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +158,13 @@ def situ_pieces(ctx: GateContext) -> None:
         and bool(np.abs(k.beta_tanh_array(u12, 12, BL)).max() <= 25 << SITU_FRAC)
         and bool(np.array_equal(bt4[1 : half + 1][::-1], -bt4[half:])),
     )
-    check_compiled(ctx, "compiled_pieces", "gate_factor_array", g16[::65537].copy(), 16, B)
+    far = np.array([200 << 16, -(200 << 16), 2**62, -(2**62), 2**61 + 12345], dtype=np.int64)
+    check_compiled(
+        ctx, "compiled_pieces", "gate_factor_array", np.concatenate([g16[::65537], far]), 16, B,
+        inputs="a slice: 128 evenly spaced Q6.16 inputs over [-64, 64) (both signs, zero) plus "
+        "±200 and raw ±2^62, which reaches every branch of gate_factor_array because tanh(g/4) "
+        "is saturated (|g| >= 128) and not, and sigma's argument has both signs",
+    )  # fmt: skip
     worst = max(c.measured for c in ctx.checks if c.kind == "reference")
     ctx.evidence(f"4·tanh(g/4), 25·tanh(u/25) and 4·tanh(g/4)·σ(g) within {worst:.4f} LSB of Q.24")
 
@@ -139,7 +175,8 @@ def situ_pieces(ctx: GateContext) -> None:
     innovation="situ",
     level="HAVE",
     kernels=["k3gates.situ.kernels"],
-    bounds={name: lsb(SITU_MAX_ERR_LSB_Q10) for name in ("situ_grid", "situ_random", "situ_tails")},
+    bounds={name: lsb(SITU_MAX_ERR_LSB_Q10) for name in ("situ_grid", "situ_random", "situ_tails")}
+    | {"swiglu_limit": SWIGLU_LIMIT_TOL},
     timeout=240,
 )
 def situ_forward(ctx: GateContext) -> None:
@@ -177,15 +214,12 @@ def situ_forward(ctx: GateContext) -> None:
     _forward_properties(ctx, k, g, u, outs)
     _swiglu_limit(ctx, k)
     check_compiled(
-        ctx,
-        "compiled_situ",
-        "situ_glu_array",
-        np.concatenate([g[::8191], gt[:40]]),
-        np.concatenate([u[::8191], ut[:40]]),
-        F,
-        B,
-        BL,
-    )
+        ctx, "compiled_situ", "situ_glu_array",
+        np.concatenate([g[::8191], gt[::16]]), np.concatenate([u[::8191], ut[::16]]), F, B, BL,
+        inputs="a slice: 256 points of the dense grid and 40 spread over the saturated tails "
+        "(|g|, |u| from 64 to raw 2^62), which reaches every branch of situ_glu_array because "
+        "tanh(g/4) and tanh(u/25) are each saturated and not, with g and u of both signs",
+    )  # fmt: skip
     pairs = np.stack([gr, ur], axis=1)
     check_shuffled(
         ctx,
@@ -194,8 +228,14 @@ def situ_forward(ctx: GateContext) -> None:
             np.ascontiguousarray(p[:, 0]), np.ascontiguousarray(p[:, 1]), F, B, BL
         ),
         pairs,
-        "SiTU-GLU",
+        "SiTU-GLU on 2^20 random points",
     )
+    ctx.check_threads(
+        "threads",
+        "SiTU-GLU on 2^20 random points (an OpenMP loop over elements) gives bit-identical "
+        "outputs in fresh processes with 1 and 2 OpenMP threads and here",
+        "situ_glu_array", gr, ur, F, B, BL,
+    )  # fmt: skip
     worst = max(c.measured for c in ctx.checks if c.kind == "reference")
     top = max(int(np.abs(o).max()) for o in outs.values()) / 2**SITU_FRAC
     ctx.evidence(
@@ -241,10 +281,20 @@ def _swiglu_limit(ctx: GateContext, k) -> None:
     ctx.check(
         "approaches_swiglu",
         "with beta = beta_lin doubled from 16 to 512 the integer forward's distance to SwiGLU "
-        "shrinks at least 3x per doubling (1/beta^2: 4x), to below 10^-3 at 512",
-        all(r >= 3 for r in ratios) and dev[-1] < 1e-3,
+        "shrinks at least 3x per doubling (1/beta^2: 4x)",
+        all(r >= 3 for r in ratios),
         deviations=dev,
         ratios=ratios,
+    )
+    ctx.check_reference(
+        "swiglu_limit",
+        "at beta = beta_lin = 512 the integer SiTU-GLU is within 10^-3 (declared) of float64 "
+        "SwiGLU g sigma(g) u over |g|, |u| <= 4",
+        real(k.situ_glu_array(g, u, F, betas[-1], betas[-1])),
+        swiglu,
+        unit="absolute",
+        function="SiTU-GLU at beta = beta_lin = 512 vs SwiGLU",
+        domain="g, u in [-4, 4] step 1/16",
     )
 
 
@@ -305,9 +355,15 @@ def situ_backward(ctx: GateContext) -> None:
             )
     _finite_differences(ctx, rng)
     _backward_properties(ctx, k, g, u, ones, unit)
+    gt, ut = tails()
     check_compiled(
-        ctx, "compiled_grad", "situ_glu_grad_array", gr[:300], ur[:300], dr[:300], F, B, BL
-    )
+        ctx, "compiled_grad", "situ_glu_grad_array",
+        np.concatenate([gr[:300], gt[::16]]), np.concatenate([ur[:300], ut[::16]]),
+        dr[:340].copy(), F, B, BL,
+        inputs="a slice: 300 of the gate's random (g, u, dout) and 40 pairs spread over the "
+        "saturated tails, which reaches every branch of situ_glu_grad_array because tanh(g/4) "
+        "and tanh(u/25) are each saturated and not, with g, u and dout of both signs",
+    )  # fmt: skip
     trip = np.stack([gr, ur, dr], axis=1)
     check_shuffled(
         ctx,
@@ -316,7 +372,7 @@ def situ_backward(ctx: GateContext) -> None:
             *(np.ascontiguousarray(p[:, c]) for c in range(3)), F, B, BL
         ),
         trip,
-        "the backward",
+        "the backward on 2^20 random points",
     )
     worst = max(c.measured for c in ctx.checks if c.name in GRAD_CHECKS)
     fd = max(c.measured for c in ctx.checks if c.name.startswith("fd_"))
@@ -369,8 +425,11 @@ def _backward_properties(ctx: GateContext, k, g, u, ones, unit) -> None:
 # scores 1.0 and this threshold asks the net to explain 95% of the variance.
 LOSS_THRESHOLD = 0.05
 # A declared tolerance, not a derived bound (gradient descent on a non-convex loss has none):
-# the integer curve may differ from the float64 run's by at most 1e-3 at any step.
-CURVE_MAX_DIFF = 1e-3
+# integer / float64 loss within 3% (relative) at every logged step, declared before any run for
+# all three training gates: below the 5% discrimination cap, and above what the narrowest format
+# in the loop (Q.24 values and weights) can move the loss over the run. It differs from
+# LOSS_THRESHOLD, which is a different thing.
+CURVE_REL_TOL = 0.03
 N_SAMPLES, D_IN, HIDDEN, TEACHER_HIDDEN = 256, 8, 16, 8
 STEPS = 600
 LR_NUM, LR_SHIFT = 1, 10  # lr = 2^-10 on sum_n e dy/dw, i.e. 2^-10 N / 2 = 1/8 on the MSE gradient
@@ -398,8 +457,23 @@ def regression_data(seed: int) -> dict[str, np.ndarray]:
     return {"x": q24(x), "y": q24(y), **{name: q24(w) for name, w in init.items()}}
 
 
+def _train_args(d: dict[str, np.ndarray], order: np.ndarray, steps: int = STEPS) -> tuple:
+    """The arguments of the whole training run, `train_mlp(*args)`."""
+    return (d["x"], d["y"], d["w1"], d["w3"], d["w2"], steps, LR_NUM, LR_SHIFT, order)
+
+
 def _train(k, d: dict[str, np.ndarray], order: np.ndarray, steps: int = STEPS) -> tuple:
-    return k.train_mlp(d["x"], d["y"], d["w1"], d["w3"], d["w2"], steps, LR_NUM, LR_SHIFT, order)
+    return k.train_mlp(*_train_args(d, order, steps))
+
+
+def _saturating_problem(d: dict[str, np.ndarray]) -> tuple:
+    """8 samples and 4 hidden units of the gate's data and net, with weights at the clamp
+    (2^29 - 1): g = w1 x saturates tanh, y_hat's error saturates at 16, weights at 32."""
+    t = {"x": d["x"][:8], "y": d["y"][:8], "w1": d["w1"][:4], "w3": d["w3"][:4], "w2": d["w2"][:4]}
+    t = {name: a.copy() for name, a in t.items()}
+    top = (1 << 29) - 1
+    t["w1"][0], t["w1"][2], t["w3"][2], t["w2"][1] = top, top, top, top
+    return _train_args(t, np.arange(8, dtype=np.int64), 2)
 
 
 @gate(
@@ -407,41 +481,31 @@ def _train(k, d: dict[str, np.ndarray], order: np.ndarray, steps: int = STEPS) -
     innovation="situ",
     level="PROVEN",
     kernels=["k3gates.situ.kernels"],
-    bounds={"loss_curve": CURVE_MAX_DIFF},
+    bounds={"loss_curve": CURVE_REL_TOL},
     timeout=300,
 )
 def situ_training(ctx: GateContext) -> None:
     """A SiTU-GLU MLP (8 -> 16 -> 1) trained with integer gradient descent on a seeded regression
-    brings its MSE below 0.05, bit-identically across runs, beside a float64 run of the same."""
+    brings its MSE below 0.05, within 3% of a float64 run of the same at every step,
+    bit-identically in a fresh process with another thread count and in another sample order."""
     k = ctx.compiled()
     d = regression_data(SEED)
-    order = np.arange(N_SAMPLES, dtype=np.int64)
-    first = _train(k, d, order)
-    second = _train(k, d, order)
+    args = _train_args(d, np.arange(N_SAMPLES, dtype=np.int64))
+    first = k.train_mlp(*args)
     shuffled = _train(k, d, np.random.default_rng(SEED + 2).permutation(N_SAMPLES))
     curve = real(first[0])
     lr = LR_NUM / 2**LR_SHIFT
     floats = ref.train_mlp(
         real(d["x"]), real(d["y"]), real(d["w1"]), real(d["w3"]), real(d["w2"]), STEPS, lr
     )[0]
-    ctx.check_reference(
-        "loss_curve",
-        f"the integer run's loss stays within {CURVE_MAX_DIFF:g} of a float64 run of the same "
-        "net, data, initialisation and learning rate at every one of its steps",
-        curve,
-        floats,
-        unit="MSE (target variance = 1)",
-        function="integer SGD loss curve vs float64",
-        domain=f"{STEPS + 1} steps",
-    )
-    ctx.check(
-        "loss_below_threshold",
-        f"the integer run's final MSE is below the declared threshold {LOSS_THRESHOLD}",
-        curve[-1] < LOSS_THRESHOLD,
-        message=f"final MSE {curve[-1]:.6f} >= {LOSS_THRESHOLD}",
-        initial=float(curve[0]),
-        final=float(curve[-1]),
+    check_training(
+        ctx,
+        curve=curve,
+        twin=floats,
         threshold=LOSS_THRESHOLD,
+        unit="MSE (target variance 1)",
+        rerun=("train_mlp", args),
+        first=first,
     )
     ctx.check(
         "no_saturation",
@@ -450,32 +514,18 @@ def situ_training(ctx: GateContext) -> None:
         saturations=int(first[4]),
     )
     ctx.check_deterministic(
-        "bit_identical_runs",
-        "two runs, and a run visiting the samples in a shuffled order, give bit-identical loss "
-        "curves and final weights (every gradient sum is exact)",
-        {"first": first, "second": second, "shuffled order": shuffled},
+        "shuffled_order",
+        "the training visiting the samples in a shuffled order gives loss curves and final "
+        "weights bit-identical to the run in order (every gradient sum is exact)",
+        {"samples in order": first, "samples in a shuffled order": shuffled},
     )
-    tiny = {
-        "x": d["x"][:8].copy(),
-        "y": d["y"][:8].copy(),
-        "w1": d["w1"][:4].copy(),
-        "w3": d["w3"][:4].copy(),
-        "w2": d["w2"][:4].copy(),
-    }
     check_compiled(
-        ctx,
-        "compiled_train",
-        "train_mlp",
-        tiny["x"],
-        tiny["y"],
-        tiny["w1"],
-        tiny["w3"],
-        tiny["w2"],
-        2,
-        LR_NUM,
-        LR_SHIFT,
-        np.arange(8, dtype=np.int64),
-    )
+        ctx, "compiled_train", "train_mlp", *_saturating_problem(d),
+        inputs="a slice: 8 samples, 4 hidden units, 2 steps of the gate's data and net with "
+        "four weights at the clamp (2^29 - 1), which reaches every branch of train_mlp because "
+        "g = w1 x saturates tanh(g/4), the error saturates at 16, weights saturate at 32, and "
+        "values and roundings have both signs",
+    )  # fmt: skip
     _training_artifacts(ctx, curve, floats)
 
 
@@ -512,8 +562,9 @@ def _training_artifacts(ctx: GateContext, curve: np.ndarray, floats: np.ndarray)
             ],
         },
     )
-    diff = float(np.abs(curve - floats).max())
+    rel = float(np.abs(curve / floats - 1).max())
     ctx.evidence(
         f"integer SGD: MSE {curve[0]:.3f} -> {curve[-1]:.4f} in {STEPS} steps (threshold "
-        f"{LOSS_THRESHOLD}), float64 within {diff:.1e}, runs bit-identical"
+        f"{LOSS_THRESHOLD}), within {rel:.1e} (relative) of float64 at every step, bit-identical "
+        "with another thread count and sample order"
     )
