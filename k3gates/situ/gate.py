@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from k3gates.fx.checks import in_lsb, lsb, raw
+from k3gates.fx.checks import check_compiled, check_shuffled, in_lsb, lsb, raw
 from k3gates.gate import GateContext, gate
 from k3gates.training import check_training
 
@@ -47,31 +47,6 @@ def q24(a: np.ndarray) -> np.ndarray:
 
 def real(a: np.ndarray) -> np.ndarray:
     return np.ldexp(np.asarray(a, dtype=np.float64), -F)
-
-
-def check_compiled(ctx: GateContext, name: str, func: str, *args, inputs: str) -> None:
-    """compiled == interpreted on `inputs`, timed after one warm-up call (the first call of an
-    OpenMP kernel starts the thread pool, which would otherwise dominate the speed ratio)."""
-    getattr(ctx.compiled(), func)(*args)
-    ctx.check_compiled_matches_interpreted(name, func, *args, inputs=inputs)
-
-
-def check_shuffled(ctx: GateContext, name: str, fn, x: np.ndarray, what: str) -> None:
-    """A run over the rows of x in a shuffled order (un-shuffled after) gives the same bits as
-    the run in order."""
-    perm = np.random.default_rng(SEED + 3).permutation(x.shape[0])
-    inv = np.argsort(perm)
-    back = tuple(np.asarray(o)[inv] for o in _tuple(fn(np.ascontiguousarray(x[perm]))))
-    ctx.check_deterministic(
-        name,
-        f"{what} over its inputs in a shuffled order (un-shuffled after) gives outputs "
-        "bit-identical to the run in order",
-        {"in order": _tuple(fn(x)), "shuffled": back},
-    )
-
-
-def _tuple(out: object) -> tuple:
-    return out if isinstance(out, tuple) else (out,)
 
 
 def grid() -> tuple[np.ndarray, np.ndarray]:
