@@ -313,8 +313,76 @@ def read_page(path: Path) -> Page:
         m = re.search(r"line (\d+)", str(e))
         line = int(m.group(1)) + 1 if m else 1
         raise BuildError(f"{path}:{line}: front matter is not valid TOML: {e}") from e
+    check_block_starts(path, lines[end + 1 :], end + 2)
     body = "\n".join(lines[end + 1 :])
     return Page(path, meta, MARKDOWN.render(body), end + 2)
+
+
+# A line that opens with one of these inside a running paragraph is read by markdown as new block
+# syntax, so the paragraph splits there (`+ Shared(x)` once turned an equation's term into a
+# bullet).
+_SPLITTERS = [
+    (re.compile(r"[+*-][ \t]"), "a list item"),
+    (re.compile(r"[0-9]{1,9}[.)]([ \t]|$)"), "an ordered-list item"),
+    (re.compile(r"#{1,6}([ \t]|$)"), "a heading"),
+    (re.compile(r">"), "a block quote"),
+    (re.compile(r"(=+|-+)[ \t]*$"), "a heading underline"),
+]
+_LEAD_IN = re.compile(r"(:|:\*\*|^\*\*[^*]+\*\*)$")  # "…as follows:" or a bold label line
+_FENCE = re.compile(r"(`{3,}|~{3,})")
+_ITEM = re.compile(r"([+*-]|[0-9]{1,9}[.)])([ \t]|$)")
+
+
+def check_block_starts(path: Path, body: list[str], first: int) -> None:
+    """Fail on a body line that markdown would read as block syntax splitting the paragraph above.
+
+    `body` is the markdown after the front matter and `first` the file line of its first line.
+    Fenced code is skipped; so are lines continuing a list, a table or a quote. A list item right
+    after a line ending in ':', or after a bold label line (`**What is implemented.**`), is a list
+    that line introduces, and is allowed.
+    """
+    fence = ""
+    block = ""  # what the current run of non-blank lines is: "", para, list, table, other
+    prev = ""  # the previous non-blank line
+    for n, raw in enumerate(body, first):
+        line = raw.strip()
+        if fence:
+            if line.startswith(fence):
+                fence = ""
+            continue
+        if m := _FENCE.match(line):
+            fence, block = m.group(1), ""
+            continue
+        if not line:
+            block = "" if block != "list" else "list-gap"
+            continue
+        lead_in, prev = bool(_LEAD_IN.search(prev)), line
+        indented = len(raw) - len(raw.lstrip(" \t")) >= 2
+        if block == "para":
+            for rx, what in _SPLITTERS:
+                if rx.match(line) and not (lead_in and _ITEM.match(line)):
+                    raise BuildError(
+                        f"{path}:{n}: this line starts with {line[0]!r}, which markdown reads as "
+                        f"{what} and splits the paragraph (an equation loses its term): move the "
+                        "symbol to the end of the previous line or rephrase"
+                    )
+            if not _ITEM.match(line):
+                continue
+        if block == "list-gap" and not indented and not _ITEM.match(line):
+            block = ""
+        if block in ("list", "list-gap", "table", "other"):
+            block = "list" if block == "list-gap" else block
+            continue
+        if _ITEM.match(line):
+            block = "list"
+        elif line.startswith("|"):
+            block = "table"
+        elif re.match(r"#{1,6}([ \t]|$)", line):
+            block = ""  # an ATX heading is one line; the next line opens a new block
+        elif line.startswith((">", "<")) or len(raw) - len(raw.lstrip(" ")) >= 4:
+            block = "other"
+        else:
+            block = "para"
 
 
 def _field_line(page: Page, key: str) -> int:
