@@ -57,26 +57,103 @@
   const SEED_BY_ID = new Map(SEED.map((r) => [r.id, r]));
 
   // -- state: {version, rows, deleted}; seed rows added by a later build are merged in -----------
+  // Stored data is validated before use: a row that is not an object, lacks an id, or has a field
+  // that is not a string (null included) is skipped and reported on the page, never rendered.
+  const ORIGINS = ["seed", "mine"];
+  function readStored() {
+    let raw = null;
+    try {
+      raw = window.localStorage.getItem(KEY);
+    } catch (e) {
+      return { saved: null, problem: null };
+    }
+    if (raw === null) return { saved: null, problem: null };
+    try {
+      return { saved: JSON.parse(raw), problem: null };
+    } catch (e) {
+      return { saved: null, problem: "the stored matrix is not valid JSON" };
+    }
+  }
+  const clip = (v) => (String(v).length > 40 ? String(v).slice(0, 40) + "…" : String(v));
+  function rowProblem(r, seen) {
+    if (!r || typeof r !== "object" || Array.isArray(r)) return "it is not an object";
+    if (typeof r.id !== "string" || !r.id) return "it has no id";
+    if (seen.has(r.id)) return `its id "${clip(r.id)}" repeats an earlier row's`;
+    if (!ORIGINS.includes(r.origin)) return "its origin is neither seed nor mine";
+    for (const k of FIELDS) {
+      if (r[k] === null) return `its field "${k}" is null`;
+      if (typeof r[k] !== "string") return `its field "${k}" is ${r[k] === undefined ? "missing" : `a ${typeof r[k]}, not text`}`;
+    }
+    if (!r.claim.trim()) return "its claim is empty";
+    if (!(r.layer in LAYERS)) return `its layer "${clip(r.layer)}" is unknown`;
+    if (!(r.evidence in CLASSES)) return `its evidence class "${clip(r.evidence)}" is unknown`;
+    return null;
+  }
+  let loadReport = null; // {whole} or {skipped, total, reasons} when stored data had to be skipped
   function load() {
-    const saved = K.store.get(KEY, null);
-    if (!saved || saved.version !== 1 || !Array.isArray(saved.rows)) return { rows: SEED.map((r) => ({ ...r })), deleted: [] };
-    const have = new Set(saved.rows.map((r) => r.id));
-    const deleted = new Set(saved.deleted || []);
-    const rows = saved.rows.map((r) => {
+    const fresh = { rows: SEED.map((r) => ({ ...r })), deleted: [] };
+    const { saved, problem } = readStored();
+    loadReport = null;
+    if (problem) {
+      loadReport = { whole: problem };
+      return fresh;
+    }
+    if (saved === null) return fresh;
+    if (!saved || typeof saved !== "object" || saved.version !== 1 || !Array.isArray(saved.rows)) {
+      loadReport = { whole: "the stored matrix has an unknown format" };
+      return fresh;
+    }
+    const seen = new Set();
+    const reasons = [];
+    const rows = [];
+    saved.rows.forEach((r, i) => {
+      const why = rowProblem(r, seen);
+      if (why) {
+        reasons.push(`row ${i + 1}: ${why}`);
+        return;
+      }
+      seen.add(r.id);
+      const row = { id: r.id, origin: r.origin };
+      for (const k of FIELDS) row[k] = r[k];
       const seed = SEED_BY_ID.get(r.id);
       // a measured artifact is this build's, never the stored copy's
-      return seed
-        ? { ...r, artifact: seed.artifact, artifact_value: seed.artifact_value, artifact_gate: seed.artifact_gate }
-        : { ...r, artifact: "", artifact_value: "" };
+      rows.push(seed
+        ? { ...row, artifact: seed.artifact, artifact_value: seed.artifact_value, artifact_gate: seed.artifact_gate }
+        : { ...row, artifact: "", artifact_value: "" });
     });
-    for (const s of SEED) if (!have.has(s.id) && !deleted.has(s.id)) rows.push({ ...s });
+    const deleted = new Set(Array.isArray(saved.deleted) ? saved.deleted.filter((d) => typeof d === "string") : []);
+    for (const s of SEED) if (!seen.has(s.id) && !deleted.has(s.id)) rows.push({ ...s });
+    if (reasons.length) loadReport = { skipped: reasons.length, total: saved.rows.length, reasons };
     return { rows, deleted: [...deleted] };
   }
   let state = load();
   let storageOk = true;
+
+  // the load report: a visible alert above the table, rewritten once storage no longer holds the bad data
+  const loadMsg = K.el("p", { id: "mx-load-msg", class: "mx-load-msg", role: "alert", hidden: true });
+  K.$(".table-wrap", app).before(loadMsg);
+  function showLoadReport(dropped) {
+    if (!loadReport) {
+      loadMsg.hidden = true;
+      loadMsg.textContent = "";
+      return;
+    }
+    const tail = dropped
+      ? " They have now been dropped from this browser's storage."
+      : " They stay in this browser's storage until your next change to the matrix, which drops them.";
+    loadMsg.textContent = loadReport.whole
+      ? `Your stored matrix could not be used (${loadReport.whole}), so the seed rows are shown.${dropped ? " The unreadable data has now been replaced." : " It stays in this browser's storage until your next change to the matrix, which replaces it."}`
+      : `${loadReport.skipped} of ${loadReport.total} stored ${loadReport.total === 1 ? "row was" : "rows were"} skipped because ${loadReport.skipped === 1 ? "it is" : "they are"} malformed (${loadReport.reasons.join("; ")}).${tail}`;
+    loadMsg.hidden = false;
+  }
+  showLoadReport(false);
+
   function save() {
     storageOk = K.store.set(KEY, { version: 1, rows: state.rows, deleted: state.deleted });
+    if (storageOk && loadReport) showLoadReport(true);
+    return storageOk;
   }
+  const notStored = () => (storageOk ? "" : " It is not stored: this browser's storage is unavailable.");
 
   // -- rendering ----------------------------------------------------------------------------------
   function liveCell(r) {
@@ -125,10 +202,10 @@
           K.el("span", { "data-f": "claim" }, r.claim), r.origin === "mine" ? K.el("span", { class: "mine" }, " (yours)") : null,
           K.el("span", { class: "meta" }, K.el("span", { "data-f": "model" }, r.model), " · ", K.el("span", { "data-f": "layer" }, LAYERS[r.layer] || r.layer)),
           r.source ? K.el("span", { class: "src" }, "Source: ", K.el("span", { "data-f": "source" }, r.source)) : null),
-        K.el("td", { "data-f": "evidence" }, K.el("span", { class: `tag tag-${r.evidence}` }, CLASSES[r.evidence] || r.evidence)),
-        K.el("td", {}, K.el("span", { "data-f": "boundary" }, r.boundary),
+        K.el("td", { "data-f": "evidence", "data-label": "Evidence class" }, K.el("span", { class: `tag tag-${r.evidence}` }, CLASSES[r.evidence] || r.evidence)),
+        K.el("td", { "data-label": "Measurement boundary" }, K.el("span", { "data-f": "boundary" }, r.boundary),
           r.dependency ? K.el("span", { class: "dep" }, " Depends on: ", K.el("span", { "data-f": "dependency" }, r.dependency)) : null),
-        K.el("td", { "data-f": "falsify" }, r.falsify),
+        K.el("td", { "data-f": "falsify", "data-label": "Falsification test" }, r.falsify),
         liveCell(r),
         K.el("td", { class: "actions" },
           K.el("button", { type: "button", "data-act": "edit", "data-id": r.id, "aria-label": `Edit row: ${short}` }, "Edit"), " ",
@@ -148,12 +225,19 @@
     return { id: d.id, row };
   }
 
+  const CANCEL_TEXT = K.$("#mx-cancel").textContent;
   function resetForm() {
     form.reset();
     form.elements.id.value = "";
     K.$("#matrix-form-h").textContent = "Add a row";
     K.$("#mx-submit").textContent = "Add row";
+    K.$("#mx-cancel").textContent = CANCEL_TEXT;
     K.$("#mx-cancel").hidden = true;
+  }
+
+  function addRow(row) {
+    const newId = `mine-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 7)}`;
+    state.rows.push({ id: newId, origin: "mine", ...row, artifact: "", artifact_value: "" });
   }
 
   form.addEventListener("submit", (e) => {
@@ -164,24 +248,37 @@
       form.elements.claim.focus();
       return;
     }
-    if (id) {
-      const i = state.rows.findIndex((r) => r.id === id);
-      if (i >= 0) state.rows[i] = { ...state.rows[i], ...row };
-      msg.textContent = "Row saved.";
+    const i = id ? state.rows.findIndex((r) => r.id === id) : -1;
+    let said;
+    if (i >= 0) {
+      state.rows[i] = { ...state.rows[i], ...row };
+      said = "Row saved.";
+    } else if (id) {
+      // the row under edit is gone (deleted, or the matrix was reset): keep the text as a new row
+      addRow(row);
+      said = "The row you were editing no longer exists, so your text was added as a new row.";
     } else {
-      const newId = `mine-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 7)}`;
-      state.rows.push({ id: newId, origin: "mine", ...row, artifact: "", artifact_value: "" });
-      msg.textContent = "Row added.";
+      addRow(row);
+      said = "Row added.";
     }
     save();
     resetForm();
     render();
+    msg.textContent = said + notStored();
   });
 
   K.$("#mx-cancel").addEventListener("click", () => {
+    const wasEditing = Boolean(form.elements.id.value);
     resetForm();
-    msg.textContent = "Editing cancelled.";
+    msg.textContent = wasEditing ? "Editing cancelled." : "Text discarded.";
   });
+
+  // after a delete, focus goes to the next row's Edit button, else the previous row's, else the form
+  function focusAfterDelete(index) {
+    const edits = K.$$("tbody button[data-act='edit']", table);
+    const next = edits[index] || edits[index - 1];
+    (next || form.elements.claim).focus();
+  }
 
   table.addEventListener("click", (e) => {
     const b = e.target.closest("button[data-act]");
@@ -190,17 +287,30 @@
     if (i < 0) return;
     const r = state.rows[i];
     if (b.dataset.act === "delete") {
+      const shownIndex = K.$$("tbody button[data-act='delete']", table).indexOf(b);
       state.rows.splice(i, 1);
       if (r.origin === "seed") state.deleted.push(r.id);
       save();
       render();
-      msg.textContent = "Row deleted.";
+      let said = "Row deleted.";
+      if (form.elements.id.value === r.id) {
+        // the deleted row was open in the form: its text stays there, now as a new row to add
+        form.elements.id.value = "";
+        K.$("#matrix-form-h").textContent = "Add a row (the row you were editing was deleted)";
+        K.$("#mx-submit").textContent = "Add row";
+        K.$("#mx-cancel").textContent = "Discard this text";
+        K.$("#mx-cancel").hidden = false;
+        said = "Row deleted. You were editing it: your text is still in the form, and Add row keeps it as a new row.";
+      }
+      msg.textContent = said + notStored();
+      focusAfterDelete(shownIndex);
       return;
     }
     for (const k of FIELDS) form.elements[k].value = r[k] || "";
     form.elements.id.value = r.id;
     K.$("#matrix-form-h").textContent = "Edit the row";
     K.$("#mx-submit").textContent = "Save changes";
+    K.$("#mx-cancel").textContent = CANCEL_TEXT;
     K.$("#mx-cancel").hidden = false;
     form.elements.claim.focus();
   });
@@ -233,8 +343,16 @@
       return out;
     });
   }
-  const csvCell = (s) => (/[",\n\r]/.test(s) ? `"${s.replaceAll('"', '""')}"` : s);
-  const mdCell = (s) => s.replaceAll("\\", "\\\\").replaceAll("|", "\\|").replace(/\s*\n\s*/g, " ");
+  // CSV injection (OWASP): a cell that begins with = + - @ tab or carriage return is prefixed with a
+  // single quote so a spreadsheet reads it as text; such a cell, and any with a quote, comma or line
+  // break, is quoted with its double quotes doubled.
+  const csvCell = (s) => {
+    const t = /^[=+\-@\t\r]/.test(s) ? `'${s}` : s;
+    return t !== s || /[",\n\r]/.test(t) ? `"${t.replaceAll('"', '""')}"` : t;
+  };
+  // Markdown: HTML is escaped (a renderer shows it as text), as are pipes, backslashes and line breaks
+  const mdCell = (s) => s.replaceAll("\\", "\\\\").replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;")
+    .replaceAll("|", "\\|").replace(/\s*[\r\n]\s*/g, " ");
   const EXPORTS = {
     json: {
       mime: "application/json",
@@ -289,6 +407,7 @@
     }
     K.store.remove(KEY);
     state = load();
+    showLoadReport(false);
     resetBtn.dataset.armed = "false";
     resetBtn.textContent = "Reset to the seed rows";
     resetForm();
