@@ -406,3 +406,18 @@ def test_multimodal_page_is_per_public_ports_and_claims_nothing_measured(built_s
     assert row["level"] == "GAP" and row["claim"] == "GAP" and not row["gates"]
     html = (built_site.out / "innovations" / "multimodal" / "index.html").read_text()
     assert "per public ports" in html and "not public" not in html
+
+
+def test_calculator_inputs_carry_the_class_of_the_k3_figure_they_default_to(built_site):
+    """A calculator input seeded with a K3 figure shows that figure's class, never a stronger
+    one (the dimensions are per public ports, so their inputs are not tagged official)."""
+    facts = tomllib.loads((ROOT / "site_src" / "data" / "lesson_facts.toml").read_text())
+    evidence = facts["k3_evidence"]
+    html = (built_site.out / "lesson" / "8.7" / "index.html").read_text()
+    seeded = {"active-routed": "routed", "active-latent": "latent", "kv-heads": "heads",
+              "kv-kv_lora": "kv_lora", "a2a-width": "latent", "weights-n_b": "total_b"}  # fmt: skip
+    for input_id, key in seeded.items():
+        label = re.search(rf'<label for="{input_id}">(.*?)</label>', html, re.S)
+        assert label, input_id
+        tag = re.search(r'class="tag tag-([\w-]+)"', label.group(1))
+        assert tag and tag.group(1) == evidence[key]["class"], (input_id, tag and tag.group(1))
