@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import ROOT, BuildRun, build_module
+from conftest import HONEST_FAILURES, ROOT, BuildRun, build_module
 
 from k3gates import faultsuite
 from k3gates.discover import GatePackage, discover_gates
@@ -45,9 +45,9 @@ def suite(built_site: BuildRun, session_cache) -> dict[str, dict]:
             os.environ["K3GATES_CACHE"] = old
 
 
-def test_every_gate_passes_without_a_fault(suite):
+def test_every_gate_passes_without_a_fault_but_the_honest_failures(suite):
     failing = {g: r["baseline"] for g, r in suite.items() if r["baseline"] != "passed"}
-    assert not failing
+    assert failing == dict.fromkeys(HONEST_FAILURES, "failed")
 
 
 def test_every_gate_catches_every_applicable_fault(suite):

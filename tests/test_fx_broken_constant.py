@@ -95,7 +95,7 @@ def test_every_situ_gate_is_failed_with_a_failed_requires_check(broken_build):
     for g in situ:
         assert not g["passed"] and g["status"] == "failed", g["id"]
         req = next(c for c in g["checks"] if c["name"] == "requires:fx_exp")
-        assert not req["passed"] and req["message"] == "foundations gate fx_exp failed"
+        assert not req["passed"] and req["message"] == "required gate fx_exp failed"
     row = next(r for r in census["innovations"] if r["id"] == "situ")
     assert row["level"] == "GAP"
     assert "gate: situ_training" in stdout

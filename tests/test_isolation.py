@@ -38,16 +38,16 @@ def test_each_fault_is_a_failed_gate_with_its_message(with_fixtures, gate_id, st
     assert f"gate: {gate_id}" in with_fixtures.stdout
 
 
-def test_a_smuggled_float_fails_the_nofloat_check_even_though_the_gate_passes_its_own(
-    with_fixtures,
-):
+def test_a_smuggled_float_fails_both_the_static_audit_and_the_runtime_guard(with_fixtures):
+    """The gate's own check would pass (halve(4) > 0); the no-float audit flags the source, and
+    the guard on every compiled kernel refuses the float it returns, so the gate errors."""
     g = gate(with_fixtures, "fixture_floaty")
-    assert not g["passed"] and g["status"] == "failed"
+    assert not g["passed"] and g["status"] == "error"
     nofloat = next(c for c in g["checks"] if c["kind"] == "nofloat")
     assert not nofloat["passed"]
     assert "floaty/kernels.py:6: true division" in nofloat["message"]
     assert "float literal 0.5" in nofloat["message"]
-    assert next(c for c in g["checks"] if c["name"] == "runs")["passed"]
+    assert "fixture_gates.floaty.kernels.halve returned a non-integer value" in g["error"]
 
 
 def test_the_innovation_they_claim_is_capped(with_fixtures, built_site):
