@@ -104,3 +104,17 @@ def build_module():
         sys.modules[name] = module  # dataclasses look their module up by name
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium through Playwright (DESIGN.md: no browser download), one per module."""
+    from lesson_support import CHROMIUM, CHROMIUM_ARGS
+
+    playwright_sync = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

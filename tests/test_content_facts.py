@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 from conftest import ROOT, BuildRun, build_module
-from lesson_support import CHROMIUM, CHROMIUM_ARGS, Recorder, serve_site
+from lesson_support import Recorder, serve_site
 
 DATA = ROOT / "site_src" / "data"
 INNOVATIONS = ROOT / "site_src" / "innovations"
@@ -174,16 +174,6 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 def site(built_site: BuildRun) -> Iterator[str]:
     with serve_site(built_site.out) as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed")
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.mark.browser

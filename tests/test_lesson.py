@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, BuildRun
-from lesson_support import CHROMIUM, CHROMIUM_ARGS, Recorder, serve_site
+from lesson_support import CHROMIUM, Recorder, serve_site
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
@@ -65,14 +65,6 @@ def site(built_site: BuildRun) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def census(built_site: BuildRun) -> dict[str, Any]:
     return built_site.census
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

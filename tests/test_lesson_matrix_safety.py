@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, BuildRun
-from lesson_support import CHROMIUM, CHROMIUM_ARGS, Recorder, serve_site
+from lesson_support import CHROMIUM, Recorder, serve_site
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
@@ -45,14 +45,6 @@ ROWS = "#matrix-table tbody tr"
 def site(built_site: BuildRun) -> Iterator[str]:
     with serve_site(built_site.out) as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

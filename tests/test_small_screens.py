@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import BuildRun
-from lesson_support import CHROMIUM, CHROMIUM_ARGS, Recorder
+from lesson_support import CHROMIUM, Recorder
 from serve_support import Server, running_server
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -53,14 +53,6 @@ OVERFLOW = """() => {
 def server(built_site: BuildRun, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_server(built_site.out, tmp_path_factory.mktemp("serve-state")) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _page(browser: Any, server: Server, path: str, viewport: dict) -> tuple[Any, Any, Recorder]:
