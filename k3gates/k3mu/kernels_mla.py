@@ -1,0 +1,698 @@
+"""K3-μ Gated MLA (NoPE), forward and backward, integers only (K3-SPEC.md section 2).
+
+Per sequence b (independent, causal), x [B, T, d] already RMS-normed by the caller:
+
+    a_q  = W_dq x,   c_q  = RMSNorm(a_q) * q_norm            [T, q_lora]
+    q    = W_uq c_q  (head h: rows h (nope + rope) .., first nope q_C, then rope q_r)
+    a_kv = W_dkv x,  c_kv = RMSNorm(a_kv) * kv_norm          [T, kv_lora]  (the latent cache)
+    k_r  = W_kr x    (shared by all heads, NoPE: never rotated)
+    k_C  = W_uk c_kv,  v = W_uv c_kv
+    z_ts = (q_C,t . k_C,s + q_r,t . k_r,s) (nope + rope)^-1/2 for s <= t;  P = softmax_s(z)
+    o_t  = sum_s P_ts v_s;   u = W_g x;   G = o * sigmoid(u);   y = W_o G
+
+Sizes come from the shapes only: rope = rows(W_kr), H = (rows(W_uq) - rows(W_uk)) / rope,
+nope = rows(W_uk) / H, dv = rows(W_uv) / H (K3-μ: H 2, nope 32, rope 16, dv 32, lora 32).
+
+Formats ("Q.f": raw = round(value 2^f); every array int64, C order):
+    x (input)                Q.16   |x| <= 2^5 (raw <= 2^21)
+    W (all matrices), gains  Q.20   |W| <= 2^3 (raw <= 2^23)
+    y (output)               Q.16
+    dy, dx, weight grads     Q.24   (GRAD_FRAC)
+    a_q, a_kv, u             Q.36   exact sums W x, never rounded (|a| <= 2^14: raw <= 2^50)
+    n = a r (unit-RMS)       Q.24   |n| <= sqrt(lora) ; r = rsqrt(mean a^2 + eps) as (h, e):
+                                    r = h 2^-e, 2^61 <= h <= 2^62 (fx.rsqrt_norm), cached [B,T,2]
+    c_q, q, c_kv, k_r, k_C,
+    v, o, G and every internal
+    activation gradient      Q.24   (INT_FRAC) DOMAIN |.| < 2^7 (raw < 2^31, INT_LIM), counted
+    scores z, dP, mu, dS     Q.32   (S_FRAC) |z| < 2^22, |dP|, |dS| < 2^7
+    P                        Q0.31  fx.softmax_row_q31 (1.0 = 2^31)
+    sigmoid(u)               Q0.62  fx.sigmoid_q62
+    eps                      1e-6 = EPS_Q60 / 2^60
+Rounding: half away from zero (fx.rshift_round, fx.mul_round, and round_limbs, which is the same
+rounding of a two-limb integer), once per stored value; every sum before it is exact.
+
+Int64 headroom. A weight product is <= 2^23 2^31 = 2^54, so W-times-activation sums over <= 2^8
+terms stay below 2^62 (x products: 2^44). Products of two Q.24 activations (scores, dP, P v, dS k)
+would overflow a sum, so one factor a is split, a = (a >> L) 2^L + (a & (2^L - 1)) (exact for
+negative a: >> floors), and the two partial sums hi, lo are each exact in int64, total =
+hi 2^L + lo, rounded once by round_limbs:
+    DOT_LIMB 24:  a <= 2^31 (Q.24 or P): hi terms <= 2^7 2^31, lo terms < 2^24 2^31 = 2^55;
+                  sums over <= 2^7 terms (head widths, T <= 128) stay below 2^62.
+    SUM_LIMB 16:  a <= 2^40 (dS, a Q.24 gradient): hi <= 2^24 2^31 = 2^55 (T <= 128 terms);
+                  weight gradients, a <= 2^31 and b <= 2^31: hi, lo <= 2^47, so up to 2^15
+                  tokens (B T) per sum.
+The count returned last by each kernel is the number of internal Q.24 values at or beyond
+INT_LIM (outside the domain above); the face refuses a nonzero count.
+
+Error bounds against float64 on the same integer inputs (module constants the tests use).
+Every internal Q.24 value carries its own rounding (1/2 LSB = 2^-25) plus what it inherits through
+exact sums: the scores' and dP's Q.32 roundings (2^-33, below 2^-30 after P and the sums), fx's
+softmax (1/2 LSB of Q0.31 per P, times |v| summed over T keys: T 2^-32 |v|), fx's rsqrt (2^-59
+relative) and the norm's 2^-26 relative sum of squares. In the domain (|values| < 2^7, row-L1
+norms of the weights <= 2^3, T <= 128) the inherited part of an internal activation stays below a
+few 2^-25, so
+    y (Q.16)    FORWARD_MAX_ERR_LSB = 1: 1/2 for y's rounding plus W_o times the errors of G
+                (<= 2^3 4 2^-25 = 2^-20 = 2^-4 Q.16 LSB)
+    dx, weight and gain gradients (Q.24), summed over n tokens: backward_max_err_lsb(n) =
+                16 + 2 n LSB: per token, |activation| times the inherited error of the
+                gradient it multiplies (a few LSB of Q.24, from the chain dy -> dG -> do -> dP
+                -> dS -> dq/dk -> dc -> da) plus |gradient| times the activation's error.
+These are engineering bounds (the chain above with its measured constants), not proofs. Measured
+(tests/test_k3mu_mla.py, K3-μ sizes, x, dy ~ N(0, 1)): B 2, T 12 (n = 24): y 0.50 LSB of Q.16,
+dx 3.8, weight gradients 6-17 LSB of Q.24 (bound 64); B 8, T 64 (n = 512): y 0.51, dx 4.5,
+weight gradients 25-97 LSB (bound 1040), i.e. below 1e-6 of each gradient's RMS.
+
+Speed (compiled, one thread, B 8, T 64, d 64): forward ~32 ms, backward ~35 ms. The forward's
+time is mostly fx's sigmoid and exp (one per gate element and per causal score).
+"""
+
+import numpy as np
+
+from ..fx.kernels import (
+    bitlen,
+    div_round,
+    mul_q62,
+    mul_round,
+    rms_rsqrt_row,
+    rshift_round,
+    rsqrt_q,
+    sigmoid_q62,
+    softmax_row_q31,
+)
+
+ACT_FRAC = 16  # x, y
+W_FRAC = 20  # weights, norm gains
+GRAD_FRAC = 24  # dy, dx, weight gradients
+A_FRAC = ACT_FRAC + W_FRAC  # 36: a_q, a_kv, u, exact
+INT_FRAC = 24  # internal activations and gradients
+S_FRAC = 32  # scores, dP, mu, dS
+P_FRAC = 31  # softmax probabilities
+INT_LIM = 1 << 31  # the internal Q.24 domain |raw| < 2^31
+ONE_Q62 = 1 << 62
+EPS_FRAC = 60
+EPS_Q60 = 1152921504607  # round(1e-6 * 2**60): the LoRA RMSNorms' eps
+NORM_BITS = 26  # the sum of squares uses a rounded to 26 significant bits (rel. err 2^-26)
+DOT_LIMB = 24
+DOT_MASK = (1 << DOT_LIMB) - 1
+SUM_LIMB = 16
+SUM_MASK = (1 << SUM_LIMB) - 1
+
+FORWARD_MAX_ERR_LSB = 1  # y, Q.16 LSB (measured 0.50)
+BACKWARD_BASE_ERR_LSB = 16  # Q.24 LSB, dx and any gradient
+BACKWARD_ERR_PER_TOKEN_LSB = 2  # Q.24 LSB per token in a weight gradient's sum
+
+
+def backward_max_err_lsb(n_tokens):
+    """Declared bound (Q.24 LSB) of dx and each weight gradient summed over n_tokens tokens."""
+    return BACKWARD_BASE_ERR_LSB + BACKWARD_ERR_PER_TOKEN_LSB * n_tokens
+
+
+# == scalar helpers ==============================================================================
+def round_limbs(hi, lo, limb, s):
+    """(hi 2^limb + lo) / 2^s rounded half away from zero (fx.rshift_round of the exact total,
+    which may exceed int64). 1 <= s <= 62, 1 <= limb <= 32; the result must fit int64.
+
+    lo is normalised into [0, 2^limb) (carry into hi); the total is then negative iff hi is, and
+    a negative total is negated limb-wise, so only non-negative numbers are shifted.
+    """
+    h = hi + (lo >> limb)
+    low = lo & ((1 << limb) - 1)
+    neg = h < 0
+    if neg:  # -(h 2^limb + low) = (-h - 1) 2^limb + (2^limb - low)
+        if low == 0:
+            h = -h
+        else:
+            h = -h - 1
+            low = (1 << limb) - low
+    low += 1 << max(s - 1, 0)
+    if s >= limb:
+        q = (h + (low >> limb)) >> max(s - limb, 0)
+    else:
+        q = h * (1 << max(limb - s, 0)) + (low >> max(s, 0))
+    return -q if neg else q
+
+
+def sizes(w_uq, w_uk, w_uv, w_kr):
+    """(H, nope, rope, dv) from the weight shapes (module docstring)."""
+    rope = w_kr.shape[0]
+    n_heads = (w_uq.shape[0] - w_uk.shape[0]) // rope
+    return n_heads, w_uk.shape[0] // n_heads, rope, w_uv.shape[0] // n_heads
+
+
+def out_of_domain(a):
+    """Number of values of the 2-D array a with |raw| >= INT_LIM."""
+    n = 0
+    for t in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            if abs(int(a[t, j])) >= INT_LIM:
+                n += 1
+    return n
+
+
+# == per-sequence helpers ========================================================================
+# Each takes 2-D arrays [T, n] of one sequence and returns new arrays: a helper that mutates
+# several array arguments makes Pythran's type inference (and g++) explode.
+def take(a, b):
+    """A copy of a[b] (a [B, T, n]) as a 2-D array."""
+    out = np.zeros((a.shape[1], a.shape[2]), dtype=np.int64)
+    for t in range(a.shape[1]):
+        for j in range(a.shape[2]):
+            out[t, j] = a[b, t, j]
+    return out
+
+
+def put(dst, b, src):
+    """dst[b] = src (dst [B, T, n], src [T, n])."""
+    for t in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[b, t, j] = src[t, j]
+
+
+def project(src, w, shift):
+    """out[t, j] = round(sum_i w[j, i] src[t, i] / 2^shift): exact sum, one rounding."""
+    out = np.zeros((src.shape[0], w.shape[0]), dtype=np.int64)
+    for t in range(src.shape[0]):
+        for j in range(w.shape[0]):
+            acc = 0
+            for i in range(w.shape[1]):
+                acc += int(w[j, i]) * int(src[t, i])
+            out[t, j] = rshift_round(acc, shift)
+    return out
+
+
+def project_t(src, w):
+    """out[t, j] = sum_i w[i, j] src[t, i], exact and unrounded (W^T applied to a gradient)."""
+    out = np.zeros((src.shape[0], w.shape[1]), dtype=np.int64)
+    for t in range(src.shape[0]):
+        for i in range(w.shape[0]):
+            g = int(src[t, i])
+            for j in range(w.shape[1]):
+                out[t, j] += int(w[i, j]) * g
+    return out
+
+
+def round_sum2(a, b, shift):
+    """round((a + b) / 2^shift), elementwise."""
+    out = np.zeros((a.shape[0], a.shape[1]), dtype=np.int64)
+    for t in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[t, j] = rshift_round(int(a[t, j]) + int(b[t, j]), shift)
+    return out
+
+
+def norm_rows(a, gain):
+    """RMSNorm of each row of a (Q.36): (nrm = a r in Q.24, c = gain nrm in Q.24, r = (h, e)).
+
+    The sum of squares uses a shifted to NORM_BITS significant bits (eps shifted alike), so it
+    fits int64 for rows up to 2^9 wide; then fx.rms_rsqrt_row (one long division, rsqrt_norm).
+    nrm = mul_round(a, h, e + 12) is one rounding of the exact product.
+    """
+    t_len = a.shape[0]
+    width = a.shape[1]
+    nrm = np.zeros((t_len, width), dtype=np.int64)
+    c = np.zeros((t_len, width), dtype=np.int64)
+    r = np.zeros((t_len, 2), dtype=np.int64)
+    row = np.zeros((1, width), dtype=np.int64)
+    for t in range(t_len):
+        m = 0
+        for j in range(width):
+            m = max(m, abs(int(a[t, j])))
+        sh = max(bitlen(m) - NORM_BITS, 0)
+        for j in range(width):
+            row[0, j] = rshift_round(int(a[t, j]), sh)
+        frac = A_FRAC - sh
+        es = 2 * frac - EPS_FRAC
+        eps = EPS_Q60 << max(es, 0) if es >= 0 else rshift_round(EPS_Q60, max(-es, 0))
+        h, e = rms_rsqrt_row(row, 0, width, eps, frac, 0)
+        r[t, 0] = h
+        r[t, 1] = e
+        for j in range(width):
+            v = 0 if h == 0 else mul_round(int(a[t, j]), h, e + A_FRAC - INT_FRAC)
+            nrm[t, j] = v
+            c[t, j] = rshift_round(v * int(gain[j]), W_FRAC)
+    return nrm, c, r
+
+
+def norm_back(dc, gain, nrm, r):
+    """da = r (w - n mean(w n)), w = gain dc (Q.24), for c = gain a r; da in Q.24.
+
+    mean(w n) exact in Q.48, rounded to Q.40 and divided by the width (div_round); w - n mu in
+    Q.40; then times r = h 2^-e, one rounding.
+    """
+    t_len = dc.shape[0]
+    width = dc.shape[1]
+    da = np.zeros((t_len, width), dtype=np.int64)
+    w = np.zeros(width, dtype=np.int64)
+    for t in range(t_len):
+        hi = 0
+        lo = 0
+        for j in range(width):
+            wj = rshift_round(int(dc[t, j]) * int(gain[j]), W_FRAC)
+            w[j] = wj
+            nj = int(nrm[t, j])
+            hi += (wj >> DOT_LIMB) * nj
+            lo += (wj & DOT_MASK) * nj
+        mu = div_round(round_limbs(hi, lo, DOT_LIMB, 8), width)  # Q.40
+        h = int(r[t, 0])
+        e = int(r[t, 1])
+        for j in range(width):
+            diff = (int(w[j]) << 16) - mul_round(int(nrm[t, j]), mu, INT_FRAC)
+            da[t, j] = 0 if h == 0 else mul_round(diff, h, e + 16)
+    return da
+
+
+def gate(u, o):
+    """(sigmoid(u) in Q0.62, G = o sigmoid(u) in Q.24) for u in Q.36, o in Q.24."""
+    sg = np.zeros((u.shape[0], u.shape[1]), dtype=np.int64)
+    gated = np.zeros((u.shape[0], u.shape[1]), dtype=np.int64)
+    for t in range(u.shape[0]):
+        for k in range(u.shape[1]):
+            s = sigmoid_q62(int(u[t, k]), A_FRAC)
+            sg[t, k] = s
+            gated[t, k] = mul_round(int(o[t, k]), s, 62)
+    return sg, gated
+
+
+def gate_back(dg, sg, o):
+    """(do = dG sigma, du = dG o sigma (1 - sigma)), Q.24, from dG in Q.24 (one rounding each)."""
+    d_o = np.zeros((dg.shape[0], dg.shape[1]), dtype=np.int64)
+    du = np.zeros((dg.shape[0], dg.shape[1]), dtype=np.int64)
+    for t in range(dg.shape[0]):
+        for k in range(dg.shape[1]):
+            g = int(dg[t, k])
+            s = int(sg[t, k])
+            d_o[t, k] = mul_round(g, s, 62)
+            du[t, k] = mul_round(g * int(o[t, k]), mul_q62(s, ONE_Q62 - s), 62 + INT_FRAC)
+    return d_o, du
+
+
+# == attention ===================================================================================
+def attend(q, kc, kr, v, n_heads, scale):
+    """(P [H, T, T] Q0.31, o [T, H dv] Q.24) of one sequence: scores exact in Q.48, rounded to
+    Q.40, times scale to Q.32; causal fx softmax; o = sum_s P v exact in Q.55, rounded once."""
+    t_len = q.shape[0]
+    rope = kr.shape[1]
+    qw = q.shape[1] // n_heads
+    nope = qw - rope
+    dv = v.shape[1] // n_heads
+    p = np.zeros((n_heads, t_len, t_len), dtype=np.int64)
+    o = np.zeros((t_len, n_heads * dv), dtype=np.int64)
+    z = np.zeros((t_len, t_len), dtype=np.int64)
+    pr = np.zeros((t_len, t_len), dtype=np.int64)
+    his = np.zeros(dv, dtype=np.int64)  # the two limbs of each output's exact sum
+    los = np.zeros(dv, dtype=np.int64)
+    for hh in range(n_heads):
+        for t in range(t_len):
+            for s in range(t + 1):
+                hi = 0
+                lo = 0
+                for i in range(nope):
+                    a = int(q[t, hh * qw + i])
+                    c = int(kc[s, hh * nope + i])
+                    hi += (a >> DOT_LIMB) * c
+                    lo += (a & DOT_MASK) * c
+                for i in range(rope):
+                    a = int(q[t, hh * qw + nope + i])
+                    c = int(kr[s, i])
+                    hi += (a >> DOT_LIMB) * c
+                    lo += (a & DOT_MASK) * c
+                qk = round_limbs(hi, lo, DOT_LIMB, 8)  # Q.48 -> Q.40
+                z[t, s] = mul_round(qk, scale, 70)  # Q.40 Q.62 -> Q.32
+            softmax_row_q31(z, t, t + 1, S_FRAC, pr)
+            for s in range(t + 1):
+                p[hh, t, s] = pr[t, s]
+            for j in range(dv):
+                his[j] = 0
+                los[j] = 0
+            for s in range(t + 1):
+                a = int(pr[t, s])
+                ah = a >> DOT_LIMB
+                al = a & DOT_MASK
+                for j in range(dv):
+                    c = int(v[s, hh * dv + j])
+                    his[j] += ah * c
+                    los[j] += al * c
+            for j in range(dv):
+                o[t, hh * dv + j] = round_limbs(int(his[j]), int(los[j]), DOT_LIMB, P_FRAC)
+    return p, o
+
+
+def scores_back(p, v, d_o, scale):
+    """dS [H, T, T] in Q.32: dP = do . v (Q.32), mu = sum_s P dP (Q.32),
+    dS = P ((dP - mu) scale), two roundings."""
+    n_heads = p.shape[0]
+    t_len = p.shape[1]
+    dv = v.shape[1] // n_heads
+    ds = np.zeros((n_heads, t_len, t_len), dtype=np.int64)
+    dp = np.zeros(t_len, dtype=np.int64)
+    for hh in range(n_heads):
+        for t in range(t_len):
+            for s in range(t + 1):
+                hi = 0
+                lo = 0
+                for j in range(dv):
+                    a = int(d_o[t, hh * dv + j])
+                    c = int(v[s, hh * dv + j])
+                    hi += (a >> DOT_LIMB) * c
+                    lo += (a & DOT_MASK) * c
+                dp[s] = round_limbs(hi, lo, DOT_LIMB, 16)  # Q.48 -> Q.32
+            hi = 0
+            lo = 0
+            for s in range(t + 1):
+                a = int(p[hh, t, s])
+                hi += (a >> SUM_LIMB) * int(dp[s])
+                lo += (a & SUM_MASK) * int(dp[s])
+            mu = round_limbs(hi, lo, SUM_LIMB, P_FRAC)  # Q.63 -> Q.32
+            for s in range(t + 1):
+                d = mul_round(int(dp[s]) - mu, scale, 62)
+                ds[hh, t, s] = mul_round(int(p[hh, t, s]), d, P_FRAC)
+    return ds
+
+
+def query_back(ds, kc, kr):
+    """dq [T, H (nope + rope)] in Q.24: dq_t = sum_s dS_ts [k_C,s | k_r,s] (exact, Q.56)."""
+    n_heads = ds.shape[0]
+    t_len = ds.shape[1]
+    rope = kr.shape[1]
+    nope = kc.shape[1] // n_heads
+    qw = nope + rope
+    dq = np.zeros((t_len, n_heads * qw), dtype=np.int64)
+    his = np.zeros(qw, dtype=np.int64)
+    los = np.zeros(qw, dtype=np.int64)
+    for hh in range(n_heads):
+        for t in range(t_len):
+            for i in range(qw):
+                his[i] = 0
+                los[i] = 0
+            for s in range(t + 1):
+                a = int(ds[hh, t, s])
+                ah = a >> SUM_LIMB
+                al = a & SUM_MASK
+                for i in range(nope):
+                    c = int(kc[s, hh * nope + i])
+                    his[i] += ah * c
+                    los[i] += al * c
+                for i in range(rope):
+                    c = int(kr[s, i])
+                    his[nope + i] += ah * c
+                    los[nope + i] += al * c
+            for i in range(qw):
+                dq[t, hh * qw + i] = round_limbs(int(his[i]), int(los[i]), SUM_LIMB, S_FRAC)
+    return dq
+
+
+def key_back(ds, q, rope):
+    """(dk_C [T, H nope], dk_r [T, rope]) in Q.24: dk_C,s = sum_t dS_ts q_C,t per head and
+    dk_r,s = sum_h sum_t dS_h,ts q_r,h,t (the shared key part), exact in Q.56."""
+    n_heads = ds.shape[0]
+    t_len = ds.shape[1]
+    qw = q.shape[1] // n_heads
+    nope = qw - rope
+    dkc = np.zeros((t_len, n_heads * nope), dtype=np.int64)
+    dkr = np.zeros((t_len, rope), dtype=np.int64)
+    his = np.zeros(qw, dtype=np.int64)  # [nope: this head's k_C | rope: k_r over all heads]
+    los = np.zeros(qw, dtype=np.int64)
+    for s in range(t_len):
+        for i in range(qw):
+            his[i] = 0
+            los[i] = 0
+        for hh in range(n_heads):
+            for i in range(nope):
+                his[i] = 0
+                los[i] = 0
+            for t in range(s, t_len):
+                a = int(ds[hh, t, s])
+                ah = a >> SUM_LIMB
+                al = a & SUM_MASK
+                for i in range(qw):
+                    c = int(q[t, hh * qw + i])
+                    his[i] += ah * c
+                    los[i] += al * c
+            for i in range(nope):
+                dkc[s, hh * nope + i] = round_limbs(int(his[i]), int(los[i]), SUM_LIMB, S_FRAC)
+        for i in range(rope):
+            dkr[s, i] = round_limbs(int(his[nope + i]), int(los[nope + i]), SUM_LIMB, S_FRAC)
+    return dkc, dkr
+
+
+def value_back(p, d_o):
+    """dv [T, H dv] in Q.24: dv_s = sum_t P_ts do_t per head (exact, Q.55)."""
+    n_heads = p.shape[0]
+    t_len = p.shape[1]
+    dv = d_o.shape[1] // n_heads
+    dvv = np.zeros((t_len, n_heads * dv), dtype=np.int64)
+    his = np.zeros(dv, dtype=np.int64)
+    los = np.zeros(dv, dtype=np.int64)
+    for hh in range(n_heads):
+        for s in range(t_len):
+            for j in range(dv):
+                his[j] = 0
+                los[j] = 0
+            for t in range(s, t_len):
+                a = int(p[hh, t, s])
+                ah = a >> DOT_LIMB
+                al = a & DOT_MASK
+                for j in range(dv):
+                    c = int(d_o[t, hh * dv + j])
+                    his[j] += ah * c
+                    los[j] += al * c
+            for j in range(dv):
+                dvv[s, hh * dv + j] = round_limbs(int(his[j]), int(los[j]), DOT_LIMB, P_FRAC)
+    return dvv
+
+
+# == weight gradients ============================================================================
+def weight_grad(g, a, shift):
+    """out[i, j] = round(sum_{b,t} g[b,t,i] a[b,t,j] / 2^shift), exact two-limb sums."""
+    n_b = g.shape[0]
+    t_len = g.shape[1]
+    n_in = a.shape[2]
+    out = np.zeros((g.shape[2], n_in), dtype=np.int64)
+    # omp parallel for
+    for i in range(g.shape[2]):
+        his = np.zeros(n_in, dtype=np.int64)
+        los = np.zeros(n_in, dtype=np.int64)
+        for b in range(n_b):
+            for t in range(t_len):
+                x = int(g[b, t, i])
+                xh = x >> SUM_LIMB
+                xl = x & SUM_MASK
+                for j in range(n_in):
+                    y = int(a[b, t, j])
+                    his[j] += xh * y
+                    los[j] += xl * y
+        for j in range(n_in):
+            out[i, j] = round_limbs(int(his[j]), int(los[j]), SUM_LIMB, shift)
+    return out
+
+
+def gain_grad(g, nrm):
+    """out[j] = round(sum_{b,t} g[b,t,j] nrm[b,t,j] / 2^24): the RMSNorm gain's gradient."""
+    out = np.zeros(g.shape[2], dtype=np.int64)
+    for j in range(g.shape[2]):
+        hi = 0
+        lo = 0
+        for b in range(g.shape[0]):
+            for t in range(g.shape[1]):
+                x = int(g[b, t, j])
+                y = int(nrm[b, t, j])
+                hi += (x >> SUM_LIMB) * y
+                lo += (x & SUM_MASK) * y
+        out[j] = round_limbs(hi, lo, SUM_LIMB, INT_FRAC)
+    return out
+
+
+# == exports =====================================================================================
+# pythran export mla_forward(int64[:,:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C))
+def mla_forward(x, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_o):
+    """y [B, T, d] Q.16 and the cache (n_q, r_q, c_q, q, n_kv, r_kv, c_kv, k_r, k_c, v, p, o,
+    sg, gated), then the out-of-domain count. Formats: module docstring. Error of y against
+    float64 on the same integers: FORWARD_MAX_ERR_LSB."""
+    n_b, t_len, d = x.shape[0], x.shape[1], x.shape[2]
+    n_heads, nope, rope, dv = sizes(w_uq, w_uk, w_uv, w_kr)
+    ql = w_dq.shape[0]
+    kl = w_dkv.shape[0]
+    hv = n_heads * dv
+    scale = rsqrt_q(nope + rope, 0, 62)  # (nope + rope)^-1/2 in Q0.62
+    n_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
+    c_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
+    r_q_all = np.zeros((n_b, t_len, 2), dtype=np.int64)
+    q_all = np.zeros((n_b, t_len, w_uq.shape[0]), dtype=np.int64)
+    n_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
+    c_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
+    r_kv_all = np.zeros((n_b, t_len, 2), dtype=np.int64)
+    k_r_all = np.zeros((n_b, t_len, rope), dtype=np.int64)
+    k_c_all = np.zeros((n_b, t_len, n_heads * nope), dtype=np.int64)
+    v_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
+    p_all = np.zeros((n_b, n_heads, t_len, t_len), dtype=np.int64)
+    o_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
+    sg_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
+    gated_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
+    y_all = np.zeros((n_b, t_len, d), dtype=np.int64)
+    bad = np.zeros(n_b, dtype=np.int64)
+    # omp parallel for
+    for b in range(n_b):
+        xb = take(x, b)
+        n_q, c_q, r_q = norm_rows(project(xb, w_dq, 0), q_norm)  # W_dq x exact in Q.36
+        q = project(c_q, w_uq, W_FRAC)  # Q.44 -> Q.24
+        n_kv, c_kv, r_kv = norm_rows(project(xb, w_dkv, 0), kv_norm)
+        k_r = project(xb, w_kr, A_FRAC - INT_FRAC)  # Q.36 -> Q.24
+        k_c = project(c_kv, w_uk, W_FRAC)
+        v = project(c_kv, w_uv, W_FRAC)
+        p, o = attend(q, k_c, k_r, v, n_heads, scale)
+        sg, gated = gate(project(xb, w_g, 0), o)  # u = W_g x exact in Q.36
+        put(y_all, b, project(gated, w_o, INT_FRAC + W_FRAC - ACT_FRAC))  # Q.44 -> Q.16
+        put(n_q_all, b, n_q)
+        put(c_q_all, b, c_q)
+        put(r_q_all, b, r_q)
+        put(q_all, b, q)
+        put(n_kv_all, b, n_kv)
+        put(c_kv_all, b, c_kv)
+        put(r_kv_all, b, r_kv)
+        put(k_r_all, b, k_r)
+        put(k_c_all, b, k_c)
+        put(v_all, b, v)
+        for hh in range(n_heads):
+            for t in range(t_len):
+                for s in range(t_len):
+                    p_all[b, hh, t, s] = p[hh, t, s]
+        put(o_all, b, o)
+        put(sg_all, b, sg)
+        put(gated_all, b, gated)
+        bad[b] = (
+            out_of_domain(c_q)
+            + out_of_domain(q)
+            + out_of_domain(c_kv)
+            + out_of_domain(k_r)
+            + out_of_domain(k_c)
+            + out_of_domain(v)
+        )
+    n_bad = int(np.sum(bad))
+    return (
+        y_all,
+        n_q_all,
+        r_q_all,
+        c_q_all,
+        q_all,
+        n_kv_all,
+        r_kv_all,
+        c_kv_all,
+        k_r_all,
+        k_c_all,
+        v_all,
+        p_all,
+        o_all,
+        sg_all,
+        gated_all,
+        n_bad,
+    )
+
+
+# pythran export mla_backward(int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C))
+def mla_backward(
+    dy,
+    x,
+    w_dq,
+    q_norm,
+    w_uq,
+    w_dkv,
+    kv_norm,
+    w_kr,
+    w_uk,
+    w_uv,
+    w_g,
+    w_o,
+    n_q_all,
+    r_q_all,
+    c_q_all,
+    q_all,
+    n_kv_all,
+    r_kv_all,
+    c_kv_all,
+    k_r_all,
+    k_c_all,
+    v_all,
+    p_all,
+    o_all,
+    sg_all,
+    gated_all,
+):
+    """dx [B, T, d] Q.24, the gradients of w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv,
+    w_g, w_o (Q.24, summed over all tokens), then the out-of-domain count, for L = sum dy . y.
+    Error against float64 on the same integers: backward_max_err_lsb(B T)."""
+    n_b, t_len, d = x.shape[0], x.shape[1], x.shape[2]
+    n_heads, nope, rope, dv = sizes(w_uq, w_uk, w_uv, w_kr)
+    ql = w_dq.shape[0]
+    kl = w_dkv.shape[0]
+    hv = n_heads * dv
+    scale = rsqrt_q(nope + rope, 0, 62)
+    du_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
+    dq_all = np.zeros((n_b, t_len, w_uq.shape[0]), dtype=np.int64)
+    dkc_all = np.zeros((n_b, t_len, n_heads * nope), dtype=np.int64)
+    dv_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
+    dkr_all = np.zeros((n_b, t_len, rope), dtype=np.int64)
+    dc_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
+    da_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
+    dc_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
+    da_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
+    dx_all = np.zeros((n_b, t_len, d), dtype=np.int64)
+    bad = np.zeros(n_b, dtype=np.int64)
+    # omp parallel for
+    for b in range(n_b):
+        dyb = take(dy, b)
+        q = take(q_all, b)
+        p = np.zeros((n_heads, t_len, t_len), dtype=np.int64)
+        for hh in range(n_heads):
+            for t in range(t_len):
+                for s in range(t_len):
+                    p[hh, t, s] = p_all[b, hh, t, s]
+        zero = np.zeros((t_len, hv), dtype=np.int64)
+        dg = round_sum2(project_t(dyb, w_o), zero, W_FRAC)  # dG = W_o^T dy, Q.44 -> Q.24
+        d_o, du = gate_back(dg, take(sg_all, b), take(o_all, b))
+        ds = scores_back(p, take(v_all, b), d_o, scale)
+        dq = query_back(ds, take(k_c_all, b), take(k_r_all, b))
+        dkc, dkr = key_back(ds, q, rope)
+        dvv = value_back(p, d_o)
+        dc_kv = round_sum2(project_t(dkc, w_uk), project_t(dvv, w_uv), W_FRAC)
+        zq = np.zeros((t_len, ql), dtype=np.int64)
+        dc_q = round_sum2(project_t(dq, w_uq), zq, W_FRAC)
+        da_q = norm_back(dc_q, q_norm, take(n_q_all, b), take(r_q_all, b))
+        da_kv = norm_back(dc_kv, kv_norm, take(n_kv_all, b), take(r_kv_all, b))
+        # dx = W_g^T du + W_kr^T dk_r + W_dq^T da_q + W_dkv^T da_kv, exact in Q.44, one rounding
+        acc = round_sum2(project_t(du, w_g), project_t(dkr, w_kr), 0)
+        acc = round_sum2(acc, project_t(da_q, w_dq), 0)
+        put(dx_all, b, round_sum2(acc, project_t(da_kv, w_dkv), W_FRAC))
+        put(du_all, b, du)
+        put(dq_all, b, dq)
+        put(dkc_all, b, dkc)
+        put(dv_all, b, dvv)
+        put(dkr_all, b, dkr)
+        put(dc_q_all, b, dc_q)
+        put(da_q_all, b, da_q)
+        put(dc_kv_all, b, dc_kv)
+        put(da_kv_all, b, da_kv)
+        bad[b] = (
+            out_of_domain(dg)
+            + out_of_domain(du)
+            + out_of_domain(dq)
+            + out_of_domain(dkc)
+            + out_of_domain(dvv)
+            + out_of_domain(dkr)
+            + out_of_domain(dc_q)
+            + out_of_domain(dc_kv)
+            + out_of_domain(da_q)
+            + out_of_domain(da_kv)
+        )
+    xs = A_FRAC - W_FRAC  # a Q.24 gradient times Q.16 x = Q.40 -> Q.24: 16
+    g_dq = weight_grad(da_q_all, x, xs)
+    g_qn = gain_grad(dc_q_all, n_q_all)
+    g_uq = weight_grad(dq_all, c_q_all, INT_FRAC)
+    g_dkv = weight_grad(da_kv_all, x, xs)
+    g_kvn = gain_grad(dc_kv_all, n_kv_all)
+    g_kr = weight_grad(dkr_all, x, xs)
+    g_uk = weight_grad(dkc_all, c_kv_all, INT_FRAC)
+    g_uv = weight_grad(dv_all, c_kv_all, INT_FRAC)
+    g_g = weight_grad(du_all, x, xs)
+    g_o = weight_grad(dy, gated_all, INT_FRAC)
+    n_bad = int(np.sum(bad))
+    return dx_all, g_dq, g_qn, g_uq, g_dkv, g_kvn, g_kr, g_uk, g_uv, g_g, g_o, n_bad

@@ -1,0 +1,83 @@
+"""K3-μ Gated MLA (NoPE): the Python face. It only orders arguments and calls the kernels
+(k3gates/k3mu/kernels_mla.py); no arithmetic on values happens here.
+
+Sizes (K3-SPEC.md section 2 at K3-μ scale): H = 2 heads, q_lora = kv_lora = 32, nope 32, the shared
+unrotated "rope" key part 16, dv 32. The kernels read every size from the weight shapes
+(rope = rows(w_kr), H = (rows(w_uq) - rows(w_uk)) / rope, nope = rows(w_uk) / H,
+dv = rows(w_uv) / H), so the constants below are only used to build the shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+N_HEADS = 2
+Q_LORA = 32
+KV_LORA = 32
+NOPE = 32
+ROPE = 16  # NoPE: the "rope" part of the key is shared by the heads and never rotated
+DV = 32
+
+# name, shape as a function of the model width d, optimiser. Per-Head Muon slices multi-head
+# matrices by heads on rows (axis 0: w_uq, w_uk, w_uv, w_g) or on columns (axis 1: w_o).
+PARAMS = [
+    ("w_dq", lambda d: (Q_LORA, d), ("muon", 1, 0)),
+    ("q_norm", lambda d: (Q_LORA,), ("adamw",)),
+    ("w_uq", lambda d: (N_HEADS * (NOPE + ROPE), Q_LORA), ("muon", N_HEADS, 0)),
+    ("w_dkv", lambda d: (KV_LORA, d), ("muon", 1, 0)),
+    ("kv_norm", lambda d: (KV_LORA,), ("adamw",)),
+    ("w_kr", lambda d: (ROPE, d), ("muon", 1, 0)),
+    ("w_uk", lambda d: (N_HEADS * NOPE, KV_LORA), ("muon", N_HEADS, 0)),
+    ("w_uv", lambda d: (N_HEADS * DV, KV_LORA), ("muon", N_HEADS, 0)),
+    ("w_g", lambda d: (N_HEADS * DV, d), ("muon", N_HEADS, 0)),
+    ("w_o", lambda d: (d, N_HEADS * DV), ("muon", N_HEADS, 1)),
+]
+WEIGHTS = [name for name, _shape, _opt in PARAMS]  # the kernels' argument order
+
+
+class DomainError(ValueError):
+    """An internal value left the domain the kernels' int64 headroom is proven for."""
+
+
+def init(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
+    """Float64 initial values: matrices N(0, 1/fan_in), norm gains 1; w_o at half scale so the
+    fresh layer adds a modest update to the residual stream."""
+    p: dict[str, np.ndarray] = {}
+    for name, shape_fn, _opt in PARAMS:
+        shape = shape_fn(d)
+        if len(shape) == 1:
+            p[name] = np.ones(shape)
+        else:
+            p[name] = rng.normal(0.0, shape[1] ** -0.5, shape)
+    p["w_o"] = p["w_o"] * 0.5
+    return p
+
+
+def _args(p: dict) -> list[np.ndarray]:
+    return [np.ascontiguousarray(p[name], dtype=np.int64) for name in WEIGHTS]
+
+
+def forward(mod, x: np.ndarray, p: dict) -> tuple[np.ndarray, tuple]:
+    """y [B, T, d] Q.16 from x [B, T, d] Q.16 and Q.20 weights; the cache holds the kernel's
+    intermediates (formats: kernels_mla docstring)."""
+    out = mod.mla_forward(np.ascontiguousarray(x, dtype=np.int64), *_args(p))
+    if int(out[-1]):
+        raise DomainError(
+            f"kernels_mla.mla_forward: {int(out[-1])} internal values beyond |2^7| (Q.24 domain)"
+        )
+    return out[0], tuple(out[1:-1])
+
+
+def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
+    """dx [B, T, d] Q.24 and every parameter's gradient (Q.24, summed over all tokens)."""
+    out = mod.mla_backward(
+        np.ascontiguousarray(dy, dtype=np.int64),
+        np.ascontiguousarray(x, dtype=np.int64),
+        *_args(p),
+        *cache,
+    )
+    if int(out[-1]):
+        raise DomainError(
+            f"kernels_mla.mla_backward: {int(out[-1])} internal gradients beyond |2^7| (Q.24)"
+        )
+    return out[0], dict(zip(WEIGHTS, out[1:-1], strict=True))
