@@ -1,0 +1,102 @@
+"""K3-μ Kimi Delta Attention layer: the Python face of kernels_kda (K3-SPEC.md §1).
+
+Only batches, indexes and calls kernels: every value is computed in kernels_kda.py, whose work
+is cut into nine exports (kda_fwd_lin, kda_fwd_act, kda_fwd_qkv, kda_fwd_rec, kda_fwd_rms,
+kda_fwd_out; kda_bwd_out, kda_bwd_rec, kda_bwd_in) so g++ compiles it within its memory cap
+(kernels_kda's docstring says why). The cache is the tuple of integer arrays they hand on.
+H and dk come from the shapes (a_head has H entries, norm_w has dk).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+H_DEFAULT = 2  # K3-μ: 2 KDA heads of dk = dv = d / 2 (k3mu_contract.md)
+CONV = 4  # short-convolution kernel size
+
+
+def _hk(d: int) -> int:
+    return d  # H dk = 2 (d / 2): the K3-μ shapes
+
+
+# (name, shape from d, optimizer); H = 2, dk = d / 2
+PARAMS = [
+    ("w_qkv", lambda d: (3 * _hk(d), d), ("muon", 3 * H_DEFAULT, 0)),  # q, k, v heads on rows
+    ("conv", lambda d: (3 * _hk(d), CONV), ("adamw",)),
+    ("w_b", lambda d: (H_DEFAULT, d), ("adamw",)),
+    ("w_f", lambda d: (_hk(d), d), ("muon", H_DEFAULT, 0)),
+    ("dt_bias", lambda d: (_hk(d),), ("adamw",)),
+    # a_head = exp(A_log) is a fixed buffer: the spec's gate takes it as given per head, and the
+    # issue fixes it (not trained) so the decay range set at init cannot collapse
+    ("a_head", lambda d: (H_DEFAULT,), ("fixed",)),
+    ("norm_w", lambda d: (_hk(d) // H_DEFAULT,), ("adamw",)),
+    ("w_go", lambda d: (_hk(d), d), ("muon", H_DEFAULT, 0)),
+    ("w_o", lambda d: (d, _hk(d)), ("muon", H_DEFAULT, 1)),  # heads on columns
+]
+CACHE_NAMES = ("u", "c", "qkv", "nrm", "alpha", "sg", "beta", "S", "o", "oh", "rn", "gs", "gated")
+
+
+class StateDomainError(ValueError):
+    """The recurrence left the magnitudes kernels_kda's int64 arithmetic is analysed for."""
+
+
+def init(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
+    """Float64 initial values (the model quantises them to Q.20)."""
+    hk = _hk(d)
+    return {
+        "w_qkv": rng.normal(0.0, d**-0.5, (3 * hk, d)),
+        # PyTorch's Conv1d default for a depthwise kernel of 4: U(-1/sqrt(4), 1/sqrt(4))
+        "conv": rng.uniform(-0.5, 0.5, (3 * hk, CONV)),
+        "w_b": rng.normal(0.0, d**-0.5, (H_DEFAULT, d)),
+        "w_f": rng.normal(0.0, d**-0.5, (hk, d)),
+        # negative bias: sigma(z) starts small, so alpha starts nearer 1 (longer memory)
+        "dt_bias": rng.uniform(-2.0, 0.0, hk),
+        # A_log = log(U[1, 16]) per head (Kimi Linear / Mamba2 init), stored as exp(A_log)
+        "a_head": np.exp(np.log(rng.uniform(1.0, 16.0, H_DEFAULT))),
+        "norm_w": np.ones(hk // H_DEFAULT),
+        "w_go": rng.normal(0.0, d**-0.5, (hk, d)),
+        "w_o": rng.normal(0.0, hk**-0.5, (d, hk)) * 0.5,
+    }
+
+
+def _c(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _check(flags: np.ndarray, where: str) -> None:
+    if np.any(flags):
+        raise StateDomainError(
+            f"kernels_kda.{where}: {int(np.sum(flags))} entries beyond the recurrence's int64 "
+            "domain (state and state-gradient row/column 2-norms below 2^37 raw); lower the "
+            "learning rate or check the inputs"
+        )
+
+
+def forward(mod, x: np.ndarray, p: dict) -> tuple[np.ndarray, tuple]:
+    """y [B, T, d] Q.16 and the cache for backward, from x [B, T, d] Q.16 and Q.20 weights."""
+    dk = p["norm_w"].shape[0]
+    u, c, z = mod.kda_fwd_lin(
+        _c(x), p["w_qkv"], p["conv"], p["w_b"], p["w_f"], p["dt_bias"], p["a_head"], p["w_go"], dk
+    )
+    act, gs, sg, ga, beta = mod.kda_fwd_act(c, z)
+    qkv, nrm, alpha, flags = mod.kda_fwd_qkv(act, ga, dk)
+    _check(flags, "kda_fwd_qkv")
+    S, o, flags = mod.kda_fwd_rec(qkv, alpha, beta)
+    _check(flags, "kda_fwd_rec")
+    ms = mod.kda_fwd_rms(o, dk)
+    y, oh, rn, gated = mod.kda_fwd_out(o, gs, p["norm_w"], p["w_o"], ms)
+    return y, (u, c, qkv, nrm, alpha, sg, beta, S, o, oh, rn, gs, gated)
+
+
+def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
+    """(dx [B, T, d] Q.24, gradients Q.24 of every trained weight) from dy [B, T, d] Q.24."""
+    u, c, qkv, nrm, alpha, sg, beta, S, _o, oh, rn, gs, gated = cache
+    do, dgz, g_o, g_nw = mod.kda_bwd_out(_c(dy), gated, oh, rn, gs, p["norm_w"], p["w_o"])
+    dqkv, dal, dbt, flags = mod.kda_bwd_rec(do, qkv, alpha, beta, S)
+    _check(flags, "kda_bwd_rec")
+    dx, g_qkv, g_conv, g_b, g_f, g_dt, g_go = mod.kda_bwd_in(
+        dqkv, dal, dbt, dgz, _c(x), u, c, qkv, nrm, alpha, sg, beta, p["a_head"],
+        p["w_qkv"], p["conv"], p["w_b"], p["w_f"], p["w_go"],
+    )  # fmt: skip
+    grads = {"w_qkv": g_qkv, "conv": g_conv, "w_b": g_b, "w_f": g_f, "dt_bias": g_dt}
+    return dx, grads | {"norm_w": g_nw, "w_go": g_go, "w_o": g_o}
