@@ -53,7 +53,8 @@ class GatePackage:
 
 
 def kernel_modules(packages: list[GatePackage]) -> list[str]:
-    return [p.modname(f) for p in packages for f in sorted(p.path.glob("*/kernels.py"))]
+    # kernels.py, or kernels_<part>.py when one innovation's kernels compile as several modules
+    return [p.modname(f) for p in packages for f in sorted(p.path.glob("*/kernels*.py"))]
 
 
 def _literal(node: ast.expr, what: str, file: Path) -> object:

@@ -9,6 +9,7 @@ the same guard (and, in a fault run, the same fault) as the gate's own process.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
@@ -25,12 +26,16 @@ class FreshRunError(RuntimeError):
     """The child process failed; the message carries its last lines of output."""
 
 
-def run_digest(modname: str, func: str, args: tuple, *, threads: int) -> str:
-    """The digest of compiled `modname.func(*args)` computed in a new process."""
+def run_digest(modname: str, func: str, args: tuple, *, threads: int, python: bool = False) -> str:
+    """The digest of compiled `modname.func(*args)` computed in a new process. With
+    `python=True`, `modname` is a plain Python module (a training loop that only batches and
+    calls kernels, which it loads compiled and guarded itself)."""
     with tempfile.TemporaryDirectory(prefix="k3fresh-") as tmp:
         job = Path(tmp) / "job.pickle"
         out = Path(tmp) / "out.json"
-        job.write_bytes(pickle.dumps({"modname": modname, "func": func, "args": args}))
+        job.write_bytes(
+            pickle.dumps({"modname": modname, "func": func, "args": args, "python": python})
+        )
         env = {
             **os.environ,
             "OMP_NUM_THREADS": str(threads),
@@ -57,7 +62,11 @@ def main(argv: list[str]) -> int:
     from .gate import _as_tuple, digest
 
     job: dict[str, Any] = pickle.loads(Path(argv[0]).read_bytes())
-    result = getattr(kcompile.load(job["modname"]), job["func"])(*job["args"])
+    if job.get("python"):
+        module = importlib.import_module(job["modname"])
+    else:
+        module = kcompile.load(job["modname"])
+    result = getattr(module, job["func"])(*job["args"])
     Path(argv[1]).write_text(json.dumps({"digest": digest(*_as_tuple(result))}))
     return 0
 
