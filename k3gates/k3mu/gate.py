@@ -9,6 +9,8 @@ finite differences of its own loss.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from k3gates import fresh
@@ -126,8 +128,11 @@ def k3block_backward(ctx: GateContext) -> None:
         "bit-identical gradients",
         runs,
     )
+    t0 = time.perf_counter()
     compiled = block_gradients(TINY, STARTS)
+    t1 = time.perf_counter()
     interpreted = block_gradients(TINY, STARTS, interpreted=True)
+    t2 = time.perf_counter()
     ctx.check(
         "compiled_block",
         "the compiled kernels and the same sources run by CPython give bit-identical gradients "
@@ -135,6 +140,7 @@ def k3block_backward(ctx: GateContext) -> None:
         digest(*compiled) == digest(*interpreted),
         kind="compiled",
         digests={"compiled": digest(*compiled), "interpreted": digest(*interpreted)},
+        speed_ratio=(t2 - t1) / max(t1 - t0, 1e-9),
     )
     worst = max(trained, key=lambda k: _rel(g_int[k], g_flt[k]))
     ctx.evidence(
