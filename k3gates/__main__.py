@@ -8,6 +8,11 @@ python -m k3gates run GATE|INNOVATION  compile what those gates need, run them, 
 python -m k3gates faults GATE|INNOVATION|all
                                        rerun gates with corrupted kernel outputs; print which
                                        checks catch each fault; record it in site_src/faults.json
+python -m k3gates train k3mu --steps N --out DIR
+                                       train K3-μ in integers with a live progress line; write the
+                                       checkpoint, the curves and weight digests every K steps
+python -m k3gates sample k3mu --prompt "ROMEO:" --chars 300 --seed 1
+                                       text from the committed run, by the integer sampler
 """
 
 from __future__ import annotations
@@ -192,7 +197,34 @@ def main(argv: list[str] | None = None) -> int:
         help="stop each faulted run at its first failed check (faster; table lists one check)",
     )
     f.add_argument("--no-record", action="store_true", help="do not write site_src/faults.json")
+    t = sub.add_parser("train", help="train K3-μ in integers (a long run, recorded)")
+    t.add_argument("model", choices=["k3mu"])
+    t.add_argument("--steps", type=int, required=True)
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--every", type=int, default=50, help="record a weight digest every K steps")
+    s = sub.add_parser("sample", help="sample text from a K3-μ checkpoint, in integers")
+    s.add_argument("model", choices=["k3mu"])
+    s.add_argument("--prompt", default="ROMEO:")
+    s.add_argument("--chars", type=int, default=300)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--temperature", type=float, default=0.8)
+    s.add_argument("--top-k", type=int, default=20)
+    s.add_argument(
+        "--run", type=Path, default=None, help="a run folder (default: the committed one)"
+    )
     args = p.parse_args(argv)
+    if args.command == "train":
+        from .k3mu import cli
+
+        if args.steps < 1 or args.every < 1:
+            raise SystemExit("--steps and --every must be positive")
+        return cli.train_command(args.steps, args.out, args.seed, args.every)
+    if args.command == "sample":
+        from .k3mu import cli
+
+        return cli.sample_command(args.prompt, args.chars, args.seed, args.temperature,
+                                  args.top_k, args.run or cli.RUNS / "long")  # fmt: skip
     if args.command == "run":
         return run(args.names, max(1, args.jobs))
     if args.command == "faults":

@@ -394,8 +394,12 @@ def _contract_checks(spec: Any, checks: list, status: str) -> list:
 
 
 def _loaded_sources(root: Path, gate_file: Path) -> dict[str, str]:
-    """Every file under `root` this process imported, plus the gate's whole folder."""
-    files = {gate_file.resolve(), *gate_file.resolve().parent.glob("*.py")}
+    """Every file under `root` this process imported, plus every file of the gate's folder and
+    its subfolders: data a gate reads (a corpus, a committed checkpoint) invalidates its result
+    like code does."""
+    folder = gate_file.resolve().parent
+    files = {gate_file.resolve()}
+    files |= {f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.parts}
     for mod in list(sys.modules.values()):
         f = getattr(mod, "__file__", None)
         if f and Path(f).resolve().is_relative_to(root.resolve()) and f.endswith(".py"):

@@ -4,7 +4,10 @@ A training gate trains something in integers, beside the same training in float6
 its level only if all four of these hold:
 
 1. `start_loss`: the run starts at least START_FACTOR times above its success threshold, so
-   "below the threshold" is something the training did, not where it began.
+   "below the threshold" is something the training did, not where it began. A cross-entropy
+   run cannot start 10x above a threshold near its floor; it passes `start_near=(value, tol)`
+   instead (e.g. log2 of the vocabulary, the loss of knowing nothing) and must start within
+   `tol` of it and above the threshold.
 2. `loss_curve`: at every logged step the integer loss is within a *relative* tolerance of the
    float64 twin's loss. The tolerance is the gate's declared bound for `loss_curve` (in the
    decorator, before any run); it is never equal to the threshold, which is a different thing.
@@ -37,10 +40,13 @@ def check_training(
     rerun: tuple[str, tuple],
     first: Any,
     modname: str | None = None,
+    start_near: tuple[float, float] | None = None,
+    python_module: str | None = None,
 ) -> bool:
     """Record the four training checks. `curve` and `twin` are the integer and float64 losses
     at the same logged steps; `rerun` is (kernel function, args) whose output `first` is this
-    process's run of the whole training."""
+    process's run of the whole training. With `python_module`, `rerun` names a function of
+    that Python module (a training loop that calls kernels) instead of a kernel."""
     if CURVE not in ctx.spec.bounds:
         raise ValueError(f"gate {ctx.spec.id}: declare the relative tolerance bounds[{CURVE!r}]")
     rel_tol = float(ctx.spec.bounds[CURVE])
@@ -50,16 +56,32 @@ def check_training(
         )
     curve = np.asarray(curve, dtype=np.float64)
     twin = np.asarray(twin, dtype=np.float64)
-    ok = ctx.check(
-        "start_loss",
-        f"the run starts at least {START_FACTOR:g}× above its threshold {threshold:g}, so "
-        "reaching the threshold is the training's doing",
-        curve[0] >= START_FACTOR * threshold,
-        message=f"start loss {curve[0]:.6g} < {START_FACTOR:g} × threshold {threshold:g}",
-        start=float(curve[0]),
-        threshold=threshold,
-        helper="k3gates.training",
-    )
+    if start_near is None:
+        ok = ctx.check(
+            "start_loss",
+            f"the run starts at least {START_FACTOR:g}× above its threshold {threshold:g}, so "
+            "reaching the threshold is the training's doing",
+            curve[0] >= START_FACTOR * threshold,
+            message=f"start loss {curve[0]:.6g} < {START_FACTOR:g} × threshold {threshold:g}",
+            start=float(curve[0]),
+            threshold=threshold,
+            helper="k3gates.training",
+        )
+    else:
+        center, tol = start_near
+        ok = ctx.check(
+            "start_loss",
+            f"the run starts within {tol:g} of {center:.6g} (knowing nothing) and above its "
+            f"threshold {threshold:g}, so reaching the threshold is the training's doing",
+            abs(curve[0] - center) <= tol and curve[0] > threshold,
+            message=f"start loss {curve[0]:.6g}: not within {tol:g} of {center:.6g} "
+            f"or not above {threshold:g}",
+            start=float(curve[0]),
+            expected_start=center,
+            tolerance=tol,
+            threshold=threshold,
+            helper="k3gates.training",
+        )
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = curve / twin
     ok &= ctx.check_reference(
@@ -83,21 +105,25 @@ def check_training(
         threshold=threshold,
         helper="k3gates.training",
     )
-    ok &= _check_rerun(ctx, rerun, first, modname)
+    ok &= _check_rerun(ctx, rerun, first, modname, python_module)
     return bool(ok)
 
 
 def _check_rerun(
-    ctx: GateContext, rerun: tuple[str, tuple], first: Any, modname: str | None
+    ctx: GateContext,
+    rerun: tuple[str, tuple],
+    first: Any,
+    modname: str | None,
+    python_module: str | None,
 ) -> bool:
     func, args = rerun
     here = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     other = 2 if here == 1 else 1
-    mod = ctx._modname(modname)
+    mod = python_module or ctx._modname(modname)
     runs = {
         f"this process (OMP_NUM_THREADS={here})": digest(*_as_tuple(first)),
         f"fresh process (OMP_NUM_THREADS={other})": fresh.run_digest(
-            mod, func, args, threads=other
+            mod, func, args, threads=other, python=python_module is not None
         ),
     }
     return ctx.check_digests(

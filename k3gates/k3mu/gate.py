@@ -1,22 +1,34 @@
-"""The K3 block's backward pass, proven on K3-μ (issue 14, STRONG).
+"""The K3 block's training rungs, proven on K3-μ (issue 14).
 
 K3-μ is K3's layer flow at toy size (model.py): KDA, KDA, KDA, Gated MLA with Block AttnRes on
-the residual path and a LatentMoE FFN after each attention. `k3block_backward` runs its forward
-and backward in integers and holds every parameter's gradient against the float64 twin (the same
-model on each component's reference.py, same weights and tokens), and the twin itself against
-finite differences of its own loss.
+the residual path and a LatentMoE FFN after each attention.
+
+- STRONG `k3block_backward` runs its forward and backward in integers and holds every parameter's
+  gradient against the float64 twin (the same model on each component's reference.py, same
+  weights and tokens), and the twin itself against finite differences of its own loss.
+- PROVEN `k3mu_training` trains it from scratch on Shakespeare in integers beside the float64
+  twin (same initial weights, batches, schedule and optimisers), through the shared training
+  helper.
+- PROVEN `k3mu_replay` verifies the committed long run without re-training it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 
 from k3gates import fresh
 from k3gates.gate import THREAD_COUNTS, GateContext, digest, gate
+from k3gates.training import check_training
 
-from . import corpus
+from . import cli, corpus
+from . import train as T
 from .model import GRAD_FRAC, Config, backward, dequantize_params, forward, initial, windows
 from .ops import KERNELS, FloatOps, IntOps
 
@@ -200,4 +212,234 @@ def _finite_differences(ctx, fops, real, cfg, tokens, g_flt) -> None:
         np.array(got),
         np.array(want),
         unit="gradient RMS",
+    )
+
+
+# == PROVEN: training ===========================================================================
+# The run, declared before any run of this gate (the float twin's 300-step trial reached 2.91).
+TRAIN_STEPS = 100
+EVAL_EVERY = 10
+CURVE_REL_TOL = 0.03  # integer vs float64 validation loss, relative, at every evaluation
+START_TOL_BITS = 0.1  # the untrained model starts within 0.1 bits of log2(vocabulary)
+BELOW_BIGRAM_BITS = 0.3  # success: validation at least 0.3 bits/char below the bigram model
+NANOGPT_NATS = 1.88  # nanoGPT's CPU Shakespeare configuration, float (K3-SPEC section 10)
+TRAINING_KERNELS = list(KERNELS.values())  # the model's kernels and Muon's
+
+
+def baselines() -> dict:
+    return json.loads((Path(corpus.__file__).parent / "data" / "baselines.json").read_text())
+
+
+def threshold() -> float:
+    return baselines()["bigram"] - BELOW_BIGRAM_BITS
+
+
+def baseline_lines(base: dict) -> list[dict]:
+    """The reference lines of a bits/char chart: the n-gram baselines and nanoGPT's anchor."""
+    lines = [{"y": base[k], "label": f"{k} baseline"} for k in ("unigram", "bigram", "trigram")]
+    lines.append(
+        {"y": NANOGPT_NATS / math.log(2), "label": "nanoGPT CPU config, float (its README)"}
+    )
+    return lines
+
+
+@gate(
+    "k3mu_training",
+    innovation="k3block",
+    level="PROVEN",
+    kernels=TRAINING_KERNELS,
+    bounds={"loss_curve": CURVE_REL_TOL},
+    timeout=900,
+    requires=["k3block_backward"],
+)
+def k3mu_training(ctx: GateContext) -> None:
+    """K3-μ trained from scratch in integers on Shakespeare: validation loss at least 0.3
+    bits/char below the bigram model, within 3% of its float64 twin at every evaluation, and
+    bit-identical in a fresh process with another thread count."""
+    cfg = _cfg()
+    d = T.data(cfg)
+    base = baselines()
+    t0 = time.perf_counter()
+    out = T.run(IntOps(ctx.compiled), initial(cfg, SEED), cfg, d, TRAIN_STEPS, SEED,
+                eval_every=EVAL_EVERY)  # fmt: skip
+    int_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    twin = T.run(FloatOps(), dequantize_params(initial(cfg, SEED)), cfg, d, TRAIN_STEPS, SEED,
+                 eval_every=EVAL_EVERY)  # fmt: skip
+    flt_s = time.perf_counter() - t0
+    check_training(
+        ctx,
+        curve=np.array(out["val"]),
+        twin=np.array(twin["val"]),
+        threshold=threshold(),
+        unit="bits/char (validation)",
+        rerun=("train_int", (vars(cfg), TRAIN_STEPS, SEED, EVAL_EVERY)),
+        first=T.result_arrays(out),
+        python_module="k3gates.k3mu.train",
+        start_near=(math.log2(cfg.vocab), START_TOL_BITS),
+    )
+    tok = out["tokens"]
+    tail = TRAIN_STEPS // 10
+    ctx.evidence(
+        f"K3-μ trained {TRAIN_STEPS} steps ({tok:,} characters) in integers: validation "
+        f"{out['val'][-1]:.3f} bits/char, float64 twin {twin['val'][-1]:.3f}, bigram "
+        f"{base['bigram']:.3f}; {tok / int_s:,.0f} characters/s"
+    )
+    ctx.artifact(
+        "curve:validation loss",
+        {
+            "x": out["eval_steps"],
+            "series": {"integer": out["val"], "float64 twin": twin["val"]},
+            "threshold": threshold(),
+            "lines": baseline_lines(base),
+            "xlabel": "step",
+            "ylabel": "bits/char (validation)",
+        },
+    )
+    rows = [
+        ["steps; characters seen", f"{TRAIN_STEPS}; {tok:,}"],
+        ["characters/s (integer; float64 twin)", f"{tok / int_s:,.0f}; {tok / flt_s:,.0f}"],
+        ["train bits/char, last 10 steps (integer; float64)",
+         f"{np.mean(out['train'][-tail:]):.4f}; {np.mean(twin['train'][-tail:]):.4f}"],
+        ["validation bits/char (integer; float64)",
+         f"{out['val'][-1]:.4f}; {twin['val'][-1]:.4f}"],
+        *[[f"{k} baseline", f"{base[k]:.4f}"] for k in ("uniform", "unigram", "bigram", "trigram")],
+    ]  # fmt: skip
+    ctx.artifact("table:run", {"columns": ["", "K3-μ"], "rows": rows})
+    ctx.artifact("table:architecture", architecture(cfg, out["params"]))
+
+
+def architecture(cfg: Config, p: dict) -> dict:
+    """Every size of the model, read off the weights the gate trained."""
+    from . import layer_kda, layer_moe
+
+    kinds = cfg.kinds()
+    kda, mla = kinds.index("kda"), kinds.index("mla")
+    w1 = p[f"{kda}.ffn.w1"]
+    rows = [
+        ["vocabulary (characters)", cfg.vocab],
+        ["width d", cfg.d],
+        ["layers", ", ".join(k.upper() for k in kinds)],
+        ["context × batch (characters per step)", f"{cfg.context} × {cfg.batch}"],
+        ["KDA: heads × d_k (= d_v), short conv",
+         f"{p[f'{kda}.attn.a_head'].size} × {p[f'{kda}.attn.norm_w'].size}, {layer_kda.CONV}"],
+        ["Gated MLA: q_lora, kv_lora (c_kv), shared key part",
+         f"{p[f'{mla}.attn.q_norm'].size}, {p[f'{mla}.attn.kv_norm'].size}, "
+         f"{p[f'{mla}.attn.w_kr'].shape[0]}"],
+        ["LatentMoE: routed experts, top-k, latent, expert hidden",
+         f"{w1.shape[0]}, {layer_moe.TOP_K}, {w1.shape[2]}, {w1.shape[1]}"],
+        ["shared expert hidden", p[f"{kda}.ffn.ws1"].shape[0]],
+        ["head", "untied from the embedding"],
+        ["parameters (trained)", f"{sum(int(v.size) for k, v in p.items() if _trained(k)):,}"],
+    ]  # fmt: skip
+    return {"columns": ["", "K3-μ"], "rows": rows}
+
+
+# == PROVEN: the committed long run, verified without re-training ===============================
+RUN_ENV = "K3MU_RUN"  # another run folder (the tests point it at a corrupted copy)
+SAMPLE = {"prompt": "ROMEO:", "chars": 300, "seed": 1, "temperature": 0.8, "top_k": 20}
+
+
+def run_folder() -> Path:
+    return Path(os.environ.get(RUN_ENV) or cli.RUNS / "long")
+
+
+@gate(
+    "k3mu_replay",
+    innovation="k3block",
+    level="PROVEN",
+    kernels=TRAINING_KERNELS,
+    timeout=600,
+    requires=["k3block_backward"],
+)
+def k3mu_replay(ctx: GateContext) -> None:
+    """The committed long K3-μ run, verified without re-training: the checkpoint's validation
+    loss re-evaluated in integers equals the recorded one bit for bit, and the first K steps
+    replayed from the recorded seed reach the recorded weight digest bit for bit."""
+    from .sample import sample
+
+    folder = run_folder()
+    meta = cli.load_meta(folder)
+    ckpt = folder / "checkpoint.npz"
+    sha = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    ctx.check(
+        "checkpoint_intact",
+        "the checkpoint's bytes have the SHA-256 recorded when the run wrote it",
+        sha == meta["checkpoint_sha256"],
+        message=f"{ckpt.name}: sha256 {sha[:16]}… differs from the recorded "
+        f"{meta['checkpoint_sha256'][:16]}…",
+        file=ckpt.name,
+    )
+    cfg = Config(**meta["config"])
+    d = T.data(cfg)
+    ops = IntOps(ctx.compiled)
+    try:
+        params = cli.load_checkpoint(folder)
+        loss_q, _ = cli.validation_loss_q(ops, params, cfg, d["val"])
+        why = f"re-evaluated {loss_q} differs from the recorded {meta['val_loss_q32']} (Q.32 nats)"
+    except ValueError as e:
+        params, loss_q, why = None, None, str(e)
+    ctx.check(
+        "checkpoint_val_loss",
+        f"the checkpoint's summed validation loss over {meta['val_tokens']:,} held-out "
+        "characters, re-evaluated in integers here, equals the recorded one bit for bit",
+        loss_q == meta["val_loss_q32"],
+        message=why,
+        kind="deterministic",
+        recorded_q32=meta["val_loss_q32"],
+        measured_q32=loss_q,
+    )
+    k = int(meta["checkpoint_every"])
+    out = T.run(ops, initial(cfg, meta["seed"]), cfg, d, k, meta["seed"], h=meta["recipe"],
+                eval_every=k, total=meta["steps"], checkpoint_every=k)  # fmt: skip
+    got, want = out["digests"][k], meta["digests"].get(str(k))
+    ctx.check(
+        "replay_digest",
+        f"the first {k} training steps, replayed here from seed {meta['seed']}, reach the weight "
+        f"digest the long run recorded at step {k}, bit for bit",
+        got == want,
+        message=f"step {k}: replayed {got[:16]}… differs from the recorded {str(want)[:16]}…",
+        kind="deterministic",
+        step=k,
+    )
+    bits = meta["val_bits"]
+    ctx.check(
+        "below_bigram",
+        f"the committed run's validation loss is at least {BELOW_BIGRAM_BITS} bits/char below "
+        "the bigram model",
+        bits <= threshold(),
+        message=f"{bits:.4f} bits/char > {threshold():.4f}",
+        bits=bits,
+        threshold=threshold(),
+    )
+    base = baselines()
+    curve = meta["curve"]
+    ctx.artifact(
+        "curve:the long run's validation loss (integer)",
+        {
+            "x": curve["eval_steps"],
+            "series": {"integer": curve["val_bits"]},
+            "threshold": threshold(),
+            "lines": baseline_lines(base),
+            "xlabel": "step",
+            "ylabel": "bits/char (validation)",
+        },
+    )
+    prov = meta["provenance"]
+    rows = [
+        ["command", meta["command"]],
+        ["steps; characters seen", f"{meta['steps']}; {meta['tokens']:,}"],
+        ["validation, whole held-out split",
+         f"{bits:.4f} bits/char = {meta['val_nats']:.4f} nats/char"],
+        ["nanoGPT's CPU configuration (float, published)", f"{NANOGPT_NATS} nats/char"],
+        ["characters/s while training", f"{meta['tokens_per_s']:,} on {prov['cpu']}"],
+        ["trained at", f"commit {prov['commit'][:12]}, {prov['started']}"],
+    ]  # fmt: skip
+    ctx.artifact("table:long run", {"columns": ["", ""], "rows": rows})
+    if params is not None:
+        ctx.artifact("text:sample", sample(ops, params, cfg, **SAMPLE))
+    ctx.evidence(
+        f"committed run: {meta['steps']} steps, validation {meta['val_nats']:.3f} nats/char "
+        f"({bits:.3f} bits; nanoGPT's CPU configuration: {NANOGPT_NATS} nats), re-evaluated and "
+        "replayed bit for bit"
     )

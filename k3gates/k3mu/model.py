@@ -79,7 +79,8 @@ def init_params(cfg: Config, seed: int) -> dict[str, np.ndarray]:
     d = cfg.d
     p: dict[str, np.ndarray] = {
         "emb": rng.normal(0.0, 1.0, (cfg.vocab, d)),
-        "head": rng.normal(0.0, d**-0.5, (cfg.vocab, d)) * 0.5,
+        # small (GPT-2 std 0.02) so that the untrained model starts at log2(vocab) bits/char
+        "head": rng.normal(0.0, 0.02, (cfg.vocab, d)),
         "final_norm": np.ones(d),
         "final_w": np.zeros(d),  # a zero pseudo-query: AttnRes starts as the uniform mean
     }
