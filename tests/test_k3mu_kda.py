@@ -80,10 +80,12 @@ def test_reference_backward_matches_finite_differences():
 
 
 # -- 2, 3. integer kernels vs the float reference on the same integer inputs ---------------------
-def compare(mod, B, T, d, seed, dy_scale=1.0):
+def compare(mod, B, T, d, seed, dy_scale=1.0, silent_start=False):
     rng = np.random.default_rng(seed)
     pq, pr = quantize(real_params(rng, d))
     x, dy = inputs(rng, B, T, d, dy_scale)
+    if silent_start:
+        x[:, 0] = 0  # v_0 = 0, so o_0 = 0 and the head RMSNorm amplifies dy by 1/sqrt(eps)
     y, cache = face.forward(mod, x, pq)
     dx, grads = face.backward(mod, dy, x, pq, cache)
     yr, cr = ref.forward(x * 2.0**-X_FRAC, pr)
@@ -129,6 +131,25 @@ def test_integer_matches_reference_k3mu_width(compiled, seed):
     fwd, bwd = compare(compiled, B=2, T=24, d=64, seed=seed, dy_scale=0.3)
     assert check_forward(*fwd) < 1e-3
     assert max(check_backward(bwd).values()) < 1e-3
+
+
+def test_do_beyond_its_domain_is_scaled_into_it(compiled):
+    """A head whose o is 0 at t = 0 (training meets this) gets do = dy w_o / sqrt(eps): past the
+    recurrence's 2^37-raw domain. kda_bwd_rec scales that sequence's do into the domain and its
+    outputs back, and the gradients still meet the declared bounds."""
+    kda = interpreted()
+    rng = np.random.default_rng(11)
+    d = 64
+    pq, _ = quantize(real_params(rng, d))
+    x, dy = inputs(rng, 2, 16, d, dy_scale=6.0)
+    x[:, 0] = 0
+    _y, cache = face.forward(compiled, x, pq)
+    oh, rn, gs, gated = cache[-4:]
+    do = compiled.kda_bwd_out(dy, gated, oh, rn, gs, pq["norm_w"], pq["w_o"])[0]
+    assert np.abs(do).max() > 1 << kda.STATE_NORM_BITS  # the case the scaling exists for
+    fwd, bwd = compare(compiled, B=2, T=16, d=d, seed=11, dy_scale=6.0, silent_start=True)
+    check_forward(*fwd)
+    check_backward(bwd)
 
 
 # -- 4. compiled == interpreted, bit for bit -------------------------------------------------------

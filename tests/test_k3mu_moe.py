@@ -46,7 +46,7 @@ def problem(seed: int, b: int, t: int, d: int, bias_sd: float = 0.05):
     rng = np.random.default_rng(seed)
     pr = L.init(rng, d)
     pr["bias"] = rng.normal(0.0, bias_sd, L.N_EXPERTS)
-    pr["w_n"] = 1.0 + 0.3 * rng.normal(size=L.D_LATENT)
+    pr["w_n"] = 1.0 + 0.3 * rng.normal(size=L.d_latent(d))
     pq = {k: np.round(v * 2.0 ** frac(k)).astype(np.int64) for k, v in pr.items()}
     pd = {k: v * 2.0 ** -frac(k) for k, v in pq.items()}
     x = np.round(rng.normal(0.0, 1.0, (b, t, d)) * 2**A).astype(np.int64)

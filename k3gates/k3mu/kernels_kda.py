@@ -32,12 +32,14 @@ Formats ("Q.f": raw = round(value 2^f)), all int64, with the magnitudes the kern
     dS (the state gradient G) Q.24
                               domain: |S|, |dS| < 2^37 / 2^ceil(log2(dk)/2) raw, so every row
                               and column 2-norm is < 2^37 raw (2^11 real for S, 2^13 for dS);
-                              v is held to the same entry limit, do to 2^37 raw (2^11 real:
-                              the head RMSNorm's 1/sqrt(eps) = 1000 can amplify dy that much,
-                              when a head's o is near 0, e.g. at t = 0). A sequence stops at
-                              the first entry beyond (inside one step nothing can wrap while
-                              the inputs are in the domain); the count goes out in `flags`
-                              and the face raises StateDomainError
+                              v is held to the same entry limit, do to 2^37 raw (2^11 real).
+                              The head RMSNorm's 1/sqrt(eps) = 1000 amplifies dy beyond that
+                              when a head's o is near 0 (e.g. at t = 0; training met do of
+                              2362 real), so kda_bwd_rec scales such a sequence's do into the
+                              domain (the recurrence is linear in do) and scales its outputs
+                              back. A forward state beyond the domain, or a dS still beyond
+                              it at the largest scaling, is counted in `flags`, and the face
+                              raises StateDomainError
     alpha, beta               Q.24   (0, 1]
     sigmoid(z), sigmoid(gz)   Q.30   [0, 1]
     RMSNorm(o) without gain   Q.30   |.| <= sqrt(dv)
@@ -99,6 +101,8 @@ CONV = 4  # short-convolution kernel size
 BFP_BITS = 24  # block floating point: a vector's 2-norm is brought under 2^24 raw
 LIMB = 14  # dalpha's split of S into high and low limbs
 STATE_NORM_BITS = 37  # the recurrence's domain: state row/column 2-norms < 2^37 raw
+DO_SHIFT_STEP = 2  # kda_bwd_rec: how much further do is pre-shifted when dS left the domain
+DO_SHIFT_TRIES = 16  # ... and how many times: up to 30 bits beyond do's own domain
 # declared error bounds (the tests use these very constants)
 Y_MAX_ERR_LSB = 16  # forward y, Q.16 LSB
 GRAD_MAX_ERR_REL_Q20 = 1 << 10  # backward: 2^-10 (about 1e-3) of the max-abs of each output ...
@@ -494,7 +498,11 @@ def kda_bwd_out(dy, gated, oh, rn, gs, norm_w, w_o):
 #     int64[:,:,:] order(C), int64[:,:,:,:,:] order(C))
 def kda_bwd_rec(do, qkv, alpha, beta, S):
     """Backward through time: (dqkv [B,T,N] (dq, dk, dv) Q.26, dalpha [B,T,Hdk] Q.26,
-    dbeta [B,T,H] Q.26, flags [B] (do or dS entries outside the domain)).
+    dbeta [B,T,H] Q.26, flags [B] (dS entries outside the domain at the largest pre-shift)).
+    The backward through time is linear in do. A (sequence, head) whose do or dS would leave
+    the domain runs with do shifted right by s bits (rounded: <= 2^(s-1) LSB per entry) and
+    its outputs shifted back left; s grows by DO_SHIFT_STEP until dS fits. Wherever the domain
+    holds unshifted, s = 0: the same arithmetic, bit for bit.
     Each step gathers its head's vectors and states into small local arrays that the hot loops
     index with bare loop variables only (no loop-invariant index for gcc to unswitch on)."""
     n_b, n_t = qkv.shape[0], qkv.shape[1]
@@ -513,128 +521,137 @@ def kda_bwd_rec(do, qkv, alpha, beta, S):
     hb = _half_bits(dk)  # 2^hb >= sqrt(dk)
     # omp parallel for
     for b in range(n_b):
-        G = np.zeros((dk, dk), dtype=np.int64)  # dL/dS_t, Q.24
+        G = np.zeros((dk, dk), dtype=np.int64)  # dL/dS_t 2^-s, Q.24
         P = np.zeros((dk, dk), dtype=np.int64)  # Diag(alpha_t) S_{t-1}, Q.26
         sc = np.zeros((dk, dk), dtype=np.int64)  # S_t
         sp = np.zeros((dk, dk), dtype=np.int64)  # S_{t-1} (0 at t = 0)
         vec = np.zeros((13, dk), dtype=np.int64)
-        # rows of vec: 0 q, 1 k, 2 v, 3 alpha, 4 do, 5 block-floating-point vector,
+        # rows of vec: 0 q, 1 k, 2 v, 3 alpha, 4 do 2^-s, 5 block-floating-point vector,
         # 6 e = v - P^T k (Q.26), 7 G^T k then beta G^T k (Q.24), 8 its bfp copy,
         # 9 dq, 10 dk, 11 dv, 12 dalpha
         for h in range(n_h):
             qo = h * dk
             ko = hk + h * dk
             vo = 2 * hk + h * dk
-            for i in range(dk):
+            mdo = 0
+            for t in range(n_t):
                 for j in range(dk):
-                    G[i, j] = 0
-            for tr in range(n_t):
-                t = n_t - 1 - tr
-                tp = max(t - 1, 0)
-                live = 1 if t > 0 else 0
+                    mdo = max(mdo, abs(int(do[b, t, qo + j])))
+            s_do = 0  # the smallest shift that brings every do entry into the domain
+            for k in range(63):
+                if (mdo >> k) > do_limit:
+                    s_do = k + 1
+            over = 1
+            for attempt in range(DO_SHIFT_TRIES):
+                if over == 0:
+                    break
+                if attempt > 0:
+                    s_do += DO_SHIFT_STEP
                 over = 0
-                for j in range(dk):
-                    if abs(int(do[b, t, qo + j])) > do_limit:
-                        flags[b] += 1
-                if flags[b] > 0:
-                    continue  # out of the domain: the face raises; skip the rest
-                for j in range(dk):
-                    vec[0, j] = qkv[b, t, qo + j]
-                    vec[1, j] = qkv[b, t, ko + j]
-                    vec[2, j] = qkv[b, t, vo + j]
-                    vec[3, j] = alpha[b, t, qo + j]
-                    vec[4, j] = do[b, t, qo + j]
                 for i in range(dk):
                     for j in range(dk):
-                        sc[i, j] = S[b, t, h, i, j]
-                        sp[i, j] = int(S[b, tp, h, i, j]) * live
-                bt = int(beta[b, t, h])
-                # dq = S_t do (do in block floating point); G += q do^T
-                m = 0
-                for j in range(dk):
-                    m = max(m, abs(int(vec[4, j])))
-                nb = 0
-                for k in range(63):
-                    if (m >> k) != 0:
-                        nb = k + 1
-                sh = min(max(0, nb + hb - BFP_BITS), S_FRAC)
-                for j in range(dk):
-                    vec[5, j] = _rsr(int(vec[4, j]), sh)
-                for i in range(dk):
+                        G[i, j] = 0
+                for tr in range(n_t):
+                    t = n_t - 1 - tr
+                    tp = max(t - 1, 0)
+                    live = 1 if t > 0 else 0
+                    for j in range(dk):
+                        vec[0, j] = qkv[b, t, qo + j]
+                        vec[1, j] = qkv[b, t, ko + j]
+                        vec[2, j] = qkv[b, t, vo + j]
+                        vec[3, j] = alpha[b, t, qo + j]
+                        vec[4, j] = _rsr(int(do[b, t, qo + j]), s_do)
+                    for i in range(dk):
+                        for j in range(dk):
+                            sc[i, j] = S[b, t, h, i, j]
+                            sp[i, j] = int(S[b, tp, h, i, j]) * live
+                    bt = int(beta[b, t, h])
+                    # dq = S_t do (do in block floating point); G += q do^T
+                    m = 0
+                    for j in range(dk):
+                        m = max(m, abs(int(vec[4, j])))
+                    nb = 0
+                    for k in range(63):
+                        if (m >> k) != 0:
+                            nb = k + 1
+                    sh = min(max(0, nb + hb - BFP_BITS), S_FRAC)
+                    for j in range(dk):
+                        vec[5, j] = _rsr(int(vec[4, j]), sh)
+                    for i in range(dk):
+                        acc = 0
+                        for j in range(dk):
+                            acc += int(sc[i, j]) * int(vec[5, j])
+                        vec[9, i] = _rsr(acc, S_FRAC - sh)
+                        qi = int(vec[0, i])
+                        for j in range(dk):
+                            G[i, j] += rshift_round(qi * int(vec[4, j]), K_FRAC + S_FRAC - DS_FRAC)
+                    # P = Diag(alpha) S_{t-1}, e = v - P^T k, gk = G^T k
+                    for j in range(dk):
+                        vec[6, j] = 0
+                        vec[7, j] = 0
+                    for i in range(dk):
+                        al = int(vec[3, i])
+                        ki = int(vec[1, i])
+                        for j in range(dk):
+                            p = rshift_round(al * int(sp[i, j]), K_FRAC)
+                            P[i, j] = p
+                            vec[6, j] += ki * p
+                            vec[7, j] += ki * int(G[i, j])
+                    me = 0
+                    mg = 0
+                    for j in range(dk):
+                        vec[6, j] = int(vec[2, j]) - rshift_round(int(vec[6, j]), K_FRAC)
+                        vec[7, j] = rshift_round(int(vec[7, j]), K_FRAC)
+                        me = max(me, abs(int(vec[6, j])))
+                        mg = max(mg, abs(int(vec[7, j])))
+                    nb = 0
+                    for k in range(63):
+                        if (me >> k) != 0:
+                            nb = k + 1
+                    she = min(max(0, nb + hb - BFP_BITS), DS_FRAC)
+                    ng = 0
+                    for k in range(63):
+                        if (mg >> k) != 0:
+                            ng = k + 1
+                    shg = min(max(0, ng + hb - BFP_BITS), DS_FRAC)
                     acc = 0
                     for j in range(dk):
-                        acc += int(sc[i, j]) * int(vec[5, j])
-                    vec[9, i] = _rsr(acc, S_FRAC - sh)
-                    qi = int(vec[0, i])
+                        vec[5, j] = _rsr(int(vec[6, j]), she)
+                        vec[8, j] = _rsr(int(vec[7, j]), shg)
+                        acc += int(vec[7, j]) * int(vec[5, j])
+                    dbeta = _rsr(acc, DS_FRAC - she)  # dbeta = k^T G e
                     for j in range(dk):
-                        G[i, j] += rshift_round(qi * int(vec[4, j]), K_FRAC + S_FRAC - DS_FRAC)
-                # P = Diag(alpha) S_{t-1}, e = v - P^T k, gk = G^T k
-                for j in range(dk):
-                    vec[6, j] = 0
-                    vec[7, j] = 0
-                for i in range(dk):
-                    al = int(vec[3, i])
-                    ki = int(vec[1, i])
+                        vec[7, j] = rshift_round(bt * int(vec[7, j]), K_FRAC)  # beta G^T k, Q.24
+                        vec[11, j] = int(vec[7, j]) * (1 << (S_FRAC - DS_FRAC))  # dv
+                    # dk = beta (G e - P G^T k); dP = G - k dv^T; dalpha; G <- Diag(alpha) dP
+                    for i in range(dk):
+                        acc = 0
+                        acp = 0
+                        for j in range(dk):
+                            acc += int(G[i, j]) * int(vec[5, j])
+                            acp += int(P[i, j]) * int(vec[8, j])
+                        xv = _rsr(acc, DS_FRAC - she) - _rsr(acp, DS_FRAC - shg)
+                        vec[10, i] = rshift_round(bt * xv, K_FRAC)
+                        ki = int(vec[1, i])
+                        al = int(vec[3, i])
+                        hi = 0
+                        lo = 0
+                        for j in range(dk):
+                            dp = int(G[i, j]) - rshift_round(ki * int(vec[7, j]), K_FRAC)
+                            spv = int(sp[i, j])
+                            hi += dp * (spv >> LIMB)
+                            lo += dp * (spv & lo_mask)
+                            gn = rshift_round(al * dp, K_FRAC)
+                            G[i, j] = gn
+                            over += int(abs(gn) > limit)
+                        vec[12, i] = rshift_round(hi + rshift_round(lo, LIMB), DS_FRAC - LIMB)
                     for j in range(dk):
-                        p = rshift_round(al * int(sp[i, j]), K_FRAC)
-                        P[i, j] = p
-                        vec[6, j] += ki * p
-                        vec[7, j] += ki * int(G[i, j])
-                me = 0
-                mg = 0
-                for j in range(dk):
-                    vec[6, j] = int(vec[2, j]) - rshift_round(int(vec[6, j]), K_FRAC)
-                    vec[7, j] = rshift_round(int(vec[7, j]), K_FRAC)
-                    me = max(me, abs(int(vec[6, j])))
-                    mg = max(mg, abs(int(vec[7, j])))
-                nb = 0
-                for k in range(63):
-                    if (me >> k) != 0:
-                        nb = k + 1
-                she = min(max(0, nb + hb - BFP_BITS), DS_FRAC)
-                ng = 0
-                for k in range(63):
-                    if (mg >> k) != 0:
-                        ng = k + 1
-                shg = min(max(0, ng + hb - BFP_BITS), DS_FRAC)
-                acc = 0
-                for j in range(dk):
-                    vec[5, j] = _rsr(int(vec[6, j]), she)
-                    vec[8, j] = _rsr(int(vec[7, j]), shg)
-                    acc += int(vec[7, j]) * int(vec[5, j])
-                dbeta = _rsr(acc, DS_FRAC - she)  # dbeta = k^T G e
-                for j in range(dk):
-                    vec[7, j] = rshift_round(bt * int(vec[7, j]), K_FRAC)  # beta G^T k, Q.24
-                    vec[11, j] = int(vec[7, j]) * (1 << (S_FRAC - DS_FRAC))  # dv
-                # dk = beta (G e - P G^T k); dP = G - k dv^T; dalpha; G <- Diag(alpha) dP
-                for i in range(dk):
-                    acc = 0
-                    acp = 0
-                    for j in range(dk):
-                        acc += int(G[i, j]) * int(vec[5, j])
-                        acp += int(P[i, j]) * int(vec[8, j])
-                    xv = _rsr(acc, DS_FRAC - she) - _rsr(acp, DS_FRAC - shg)
-                    vec[10, i] = rshift_round(bt * xv, K_FRAC)
-                    ki = int(vec[1, i])
-                    al = int(vec[3, i])
-                    hi = 0
-                    lo = 0
-                    for j in range(dk):
-                        dp = int(G[i, j]) - rshift_round(ki * int(vec[7, j]), K_FRAC)
-                        spv = int(sp[i, j])
-                        hi += dp * (spv >> LIMB)
-                        lo += dp * (spv & lo_mask)
-                        gn = rshift_round(al * dp, K_FRAC)
-                        G[i, j] = gn
-                        over += int(abs(gn) > limit)
-                    vec[12, i] = rshift_round(hi + rshift_round(lo, LIMB), DS_FRAC - LIMB)
-                flags[b] += over
-                for j in range(dk):
-                    out_dqkv[b, t, qo + j] = vec[9, j]
-                    out_dqkv[b, t, ko + j] = vec[10, j]
-                    out_dqkv[b, t, vo + j] = vec[11, j]
-                    out_dal[b, t, qo + j] = vec[12, j]
-                out_dbt[b, t, h] = dbeta
+                        out_dqkv[b, t, qo + j] = int(vec[9, j]) << s_do
+                        out_dqkv[b, t, ko + j] = int(vec[10, j]) << s_do
+                        out_dqkv[b, t, vo + j] = int(vec[11, j]) << s_do
+                        out_dal[b, t, qo + j] = int(vec[12, j]) << s_do
+                    out_dbt[b, t, h] = dbeta << s_do
+            flags[b] += over
     return out_dqkv, out_dal, out_dbt, flags
 
 

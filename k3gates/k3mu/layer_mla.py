@@ -12,25 +12,35 @@ from __future__ import annotations
 import numpy as np
 
 N_HEADS = 2
-Q_LORA = 32
-KV_LORA = 32
-NOPE = 32
-ROPE = 16  # NoPE: the "rope" part of the key is shared by the heads and never rotated
-DV = 32
+
+
+# Sizes follow the width (K3-μ's d = 64: 32, 32, 32, 16, 32), so a narrow model can be run
+# interpreted in a test. rope: NoPE, the "rope" part of the key is shared by the heads and
+# never rotated.
+def q_lora(d: int) -> int:
+    return d // 2
+
+
+kv_lora = nope = dv = q_lora
+
+
+def rope(d: int) -> int:
+    return d // 4
+
 
 # name, shape as a function of the model width d, optimiser. Per-Head Muon slices multi-head
 # matrices by heads on rows (axis 0: w_uq, w_uk, w_uv, w_g) or on columns (axis 1: w_o).
 PARAMS = [
-    ("w_dq", lambda d: (Q_LORA, d), ("muon", 1, 0)),
-    ("q_norm", lambda d: (Q_LORA,), ("adamw",)),
-    ("w_uq", lambda d: (N_HEADS * (NOPE + ROPE), Q_LORA), ("muon", N_HEADS, 0)),
-    ("w_dkv", lambda d: (KV_LORA, d), ("muon", 1, 0)),
-    ("kv_norm", lambda d: (KV_LORA,), ("adamw",)),
-    ("w_kr", lambda d: (ROPE, d), ("muon", 1, 0)),
-    ("w_uk", lambda d: (N_HEADS * NOPE, KV_LORA), ("muon", N_HEADS, 0)),
-    ("w_uv", lambda d: (N_HEADS * DV, KV_LORA), ("muon", N_HEADS, 0)),
-    ("w_g", lambda d: (N_HEADS * DV, d), ("muon", N_HEADS, 0)),
-    ("w_o", lambda d: (d, N_HEADS * DV), ("muon", N_HEADS, 1)),
+    ("w_dq", lambda d: (q_lora(d), d), ("muon", 1, 0)),
+    ("q_norm", lambda d: (q_lora(d),), ("adamw",)),
+    ("w_uq", lambda d: (N_HEADS * (nope(d) + rope(d)), q_lora(d)), ("muon", N_HEADS, 0)),
+    ("w_dkv", lambda d: (kv_lora(d), d), ("muon", 1, 0)),
+    ("kv_norm", lambda d: (kv_lora(d),), ("adamw",)),
+    ("w_kr", lambda d: (rope(d), d), ("muon", 1, 0)),
+    ("w_uk", lambda d: (N_HEADS * nope(d), kv_lora(d)), ("muon", N_HEADS, 0)),
+    ("w_uv", lambda d: (N_HEADS * dv(d), kv_lora(d)), ("muon", N_HEADS, 0)),
+    ("w_g", lambda d: (N_HEADS * dv(d), d), ("muon", N_HEADS, 0)),
+    ("w_o", lambda d: (d, N_HEADS * dv(d)), ("muon", N_HEADS, 1)),
 ]
 WEIGHTS = [name for name, _shape, _opt in PARAMS]  # the kernels' argument order
 

@@ -6,8 +6,9 @@ in the router-score format Q.40 (BIAS_FRAC), an exception to the Q.20 vector rul
 Quantile Balancing is exact on the integer scores.
 
 Settings: TOP_K = 2 experts per token; RSF = 1 the routed scaling factor (public sources give
-1.0 or 2.827, K3-SPEC section 4; passed to the kernels in Q.20); N_EXPERTS = 4, D_LATENT = 32,
-H_EXPERT = 32, H_SHARED = 64 (K3-μ's sizes). The kernels take every size from shapes.
+1.0 or 2.827, K3-SPEC section 4; passed to the kernels in Q.20); N_EXPERTS = 4; d_latent = 32,
+h_expert = 32, h_shared = 64 at K3-μ's d = 64 (they follow d). The kernels take every size from
+shapes.
 """
 
 from __future__ import annotations
@@ -20,25 +21,36 @@ W_FRAC = 20
 BIAS_FRAC = 40
 RSF_Q20 = RSF << W_FRAC
 N_EXPERTS = 4
-D_LATENT = 32
-H_EXPERT = 32
-H_SHARED = 64
+
+
+# Sizes follow the width (K3-μ's d = 64: 32, 32, 64), so a narrow model can be run interpreted
+# in a test.
+def d_latent(d: int) -> int:
+    return d // 2
+
+
+h_expert = d_latent
+
+
+def h_shared(d: int) -> int:
+    return d
+
 
 MUON = ("muon", 1, 0)
 PARAMS = [
     ("w_r", lambda d: (N_EXPERTS, d), MUON),
     # the QB bias is not trained by gradient: qb_update sets it after each step
     ("bias", lambda d: (N_EXPERTS,), ("fixed",)),
-    ("w_down", lambda d: (D_LATENT, d), MUON),
+    ("w_down", lambda d: (d_latent(d), d), MUON),
     # 3-D [n, ., .]: the optimizer treats each expert's matrix as its own 2-D matrix
-    ("w1", lambda d: (N_EXPERTS, H_EXPERT, D_LATENT), MUON),
-    ("w3", lambda d: (N_EXPERTS, H_EXPERT, D_LATENT), MUON),
-    ("w2", lambda d: (N_EXPERTS, D_LATENT, H_EXPERT), MUON),
-    ("w_n", lambda d: (D_LATENT,), ("adamw",)),
-    ("w_up", lambda d: (d, D_LATENT), MUON),
-    ("ws1", lambda d: (H_SHARED, d), MUON),
-    ("ws3", lambda d: (H_SHARED, d), MUON),
-    ("ws2", lambda d: (d, H_SHARED), MUON),
+    ("w1", lambda d: (N_EXPERTS, h_expert(d), d_latent(d)), MUON),
+    ("w3", lambda d: (N_EXPERTS, h_expert(d), d_latent(d)), MUON),
+    ("w2", lambda d: (N_EXPERTS, d_latent(d), h_expert(d)), MUON),
+    ("w_n", lambda d: (d_latent(d),), ("adamw",)),
+    ("w_up", lambda d: (d, d_latent(d)), MUON),
+    ("ws1", lambda d: (h_shared(d), d), MUON),
+    ("ws3", lambda d: (h_shared(d), d), MUON),
+    ("ws2", lambda d: (d, h_shared(d)), MUON),
 ]
 TRAINED = [name for name, _shape, opt in PARAMS if opt[0] != "fixed"]
 
@@ -50,7 +62,7 @@ def init(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
     def normal(shape, fan_in, gain=1.0):
         return rng.normal(0.0, gain * fan_in**-0.5, shape)
 
-    n, d_l, h, h_s = N_EXPERTS, D_LATENT, H_EXPERT, H_SHARED
+    n, d_l, h, h_s = N_EXPERTS, d_latent(d), h_expert(d), h_shared(d)
     return {
         "w_r": normal((n, d), d),
         "bias": np.zeros(n),
