@@ -1125,6 +1125,10 @@ def summary(census: dict, pages: int, laps: Laps) -> None:
     steps = ", ".join(f"{k} {v:.3f} s" for k, v in laps.steps.items())
     per_page = 1000 * laps.steps.get("render", 0.0) / max(1, pages)
     log(f"time: {steps}; render {per_page:.2f} ms/page")
+    slow = sorted(census["gates"], key=lambda g: -g["seconds"])[:5]
+    log("slowest gates: " + ", ".join(
+        f"{g['id']} {g['seconds']:.1f} s" + (" (reused)" if g["reused_from"] else "") for g in slow
+    ))  # fmt: skip
     log(
         f"done: compiled {prov['modules_compiled']}, reused {prov['modules_reused']} modules; "
         f"gates ran {prov['gates_ran']}, reused {prov['gates_reused']}, "

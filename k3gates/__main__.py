@@ -223,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sample":
         from .k3mu import cli
 
-        return cli.sample_command(args.prompt, args.chars, args.seed, args.temperature,
-                                  args.top_k, args.run or cli.RUNS / "long")  # fmt: skip
+        try:
+            return cli.sample_command(args.prompt, args.chars, args.seed, args.temperature,
+                                      args.top_k, args.run or cli.RUNS / "long")  # fmt: skip
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"sample: {e}") from None
     if args.command == "run":
         return run(args.names, max(1, args.jobs))
     if args.command == "faults":

@@ -224,6 +224,7 @@ START_TOL_BITS = 0.1  # the untrained model starts within 0.1 bits of log2(vocab
 BELOW_BIGRAM_BITS = 0.3  # success: validation at least 0.3 bits/char below the bigram model
 NANOGPT_NATS = 1.88  # nanoGPT's CPU Shakespeare configuration, float (K3-SPEC section 10)
 TRAINING_KERNELS = list(KERNELS.values())  # the model's kernels and Muon's
+NARROW = {"d": 16, "batch": 1, "context": 4}  # compiled == interpreted: Muon runs slowly in CPython
 
 
 def baselines() -> dict:
@@ -259,13 +260,13 @@ def k3mu_training(ctx: GateContext) -> None:
     cfg = _cfg()
     d = T.data(cfg)
     base = baselines()
+    steps, every = TRAIN_STEPS, EVAL_EVERY
     t0 = time.perf_counter()
-    out = T.run(IntOps(ctx.compiled), initial(cfg, SEED), cfg, d, TRAIN_STEPS, SEED,
-                eval_every=EVAL_EVERY)  # fmt: skip
+    out = T.run(IntOps(ctx.compiled), initial(cfg, SEED), cfg, d, steps, SEED, eval_every=every)
     int_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    twin = T.run(FloatOps(), dequantize_params(initial(cfg, SEED)), cfg, d, TRAIN_STEPS, SEED,
-                 eval_every=EVAL_EVERY)  # fmt: skip
+    twin = T.run(FloatOps(), dequantize_params(initial(cfg, SEED)), cfg, d, steps, SEED,
+                 eval_every=every)  # fmt: skip
     flt_s = time.perf_counter() - t0
     check_training(
         ctx,
@@ -273,15 +274,15 @@ def k3mu_training(ctx: GateContext) -> None:
         twin=np.array(twin["val"]),
         threshold=threshold(),
         unit="bits/char (validation)",
-        rerun=("train_int", (vars(cfg), TRAIN_STEPS, SEED, EVAL_EVERY)),
+        rerun=("train_int", (vars(cfg), steps, SEED, every)),
         first=T.result_arrays(out),
         python_module="k3gates.k3mu.train",
         start_near=(math.log2(cfg.vocab), START_TOL_BITS),
     )
     tok = out["tokens"]
-    tail = TRAIN_STEPS // 10
+    tail = steps // 10
     ctx.evidence(
-        f"K3-μ trained {TRAIN_STEPS} steps ({tok:,} characters) in integers: validation "
+        f"K3-μ trained {steps} steps ({tok:,} characters) in integers: validation "
         f"{out['val'][-1]:.3f} bits/char, float64 twin {twin['val'][-1]:.3f}, bigram "
         f"{base['bigram']:.3f}; {tok / int_s:,.0f} characters/s"
     )
@@ -297,7 +298,7 @@ def k3mu_training(ctx: GateContext) -> None:
         },
     )
     rows = [
-        ["steps; characters seen", f"{TRAIN_STEPS}; {tok:,}"],
+        ["steps; characters seen", f"{steps}; {tok:,}"],
         ["characters/s (integer; float64 twin)", f"{tok / int_s:,.0f}; {tok / flt_s:,.0f}"],
         ["train bits/char, last 10 steps (integer; float64)",
          f"{np.mean(out['train'][-tail:]):.4f}; {np.mean(twin['train'][-tail:]):.4f}"],
@@ -307,6 +308,21 @@ def k3mu_training(ctx: GateContext) -> None:
     ]  # fmt: skip
     ctx.artifact("table:run", {"columns": ["", "K3-μ"], "rows": rows})
     ctx.artifact("table:architecture", architecture(cfg, out["params"]))
+    t0 = time.perf_counter()
+    compiled = T.train_int(vars(_cfg(**NARROW)), 1, SEED, 1)
+    t1 = time.perf_counter()
+    interpreted = T.train_int(vars(_cfg(**NARROW)), 1, SEED, 1, interpreted=True)
+    t2 = time.perf_counter()
+    ctx.check(
+        "compiled_step",
+        "one whole training step (forward, backward, Muon and AdamW updates, Quantile "
+        "Balancing) of a narrow K3-μ (d = 16) gives bit-identical weights compiled and run by "
+        "CPython from the same sources",
+        digest(*compiled) == digest(*interpreted),
+        kind="compiled",
+        digests={"compiled": digest(*compiled), "interpreted": digest(*interpreted)},
+        speed_ratio=(t2 - t1) / max(t1 - t0, 1e-9),
+    )
 
 
 def architecture(cfg: Config, p: dict) -> dict:
@@ -338,6 +354,7 @@ def architecture(cfg: Config, p: dict) -> dict:
 # == PROVEN: the committed long run, verified without re-training ===============================
 RUN_ENV = "K3MU_RUN"  # another run folder (the tests point it at a corrupted copy)
 SAMPLE = {"prompt": "ROMEO:", "chars": 300, "seed": 1, "temperature": 0.8, "top_k": 20}
+SAMPLE_COMPILED_CHARS = 3  # the interpreted model takes seconds per character
 
 
 def run_folder() -> Path:
@@ -349,6 +366,7 @@ def run_folder() -> Path:
     innovation="k3block",
     level="PROVEN",
     kernels=TRAINING_KERNELS,
+    bounds={"checkpoint_twin": LOSS_REL_TOL},
     timeout=600,
     requires=["k3block_backward"],
 )
@@ -402,6 +420,9 @@ def k3mu_replay(ctx: GateContext) -> None:
         kind="deterministic",
         step=k,
     )
+    if params is not None:
+        _checkpoint_twin(ctx, ops, params, cfg, d)
+        _sampler_compiled(ctx, params, cfg)
     bits = meta["val_bits"]
     ctx.check(
         "below_bigram",
@@ -442,4 +463,43 @@ def k3mu_replay(ctx: GateContext) -> None:
         f"committed run: {meta['steps']} steps, validation {meta['val_nats']:.3f} nats/char "
         f"({bits:.3f} bits; nanoGPT's CPU configuration: {NANOGPT_NATS} nats), re-evaluated and "
         "replayed bit for bit"
+    )
+
+
+def _checkpoint_twin(ctx: GateContext, ops: IntOps, params: dict, cfg: Config, d: dict) -> None:
+    val = T.val_batch(d["val"], cfg)
+    got = T.evaluate(ops, params, cfg, val)
+    want = T.evaluate(FloatOps(), dequantize_params(params), cfg, val)
+    ctx.check_reference(
+        "checkpoint_twin",
+        f"on the trained checkpoint, the integer model's loss over {val.shape[0]} validation "
+        f"windows is within {LOSS_REL_TOL:g} (relative) of the float64 twin's on the same weights",
+        np.array([got / want]),
+        np.ones(1),
+        unit="integer / float64 loss",
+        integer_bits=got,
+        float64_bits=want,
+    )
+
+
+def _sampler_compiled(ctx: GateContext, params: dict, cfg: Config) -> None:
+    from k3gates import compile as kcompile
+
+    from .sample import sample
+
+    short = {**SAMPLE, "chars": SAMPLE_COMPILED_CHARS}
+    t0 = time.perf_counter()
+    compiled = sample(IntOps(kcompile.load), params, cfg, **short)
+    t1 = time.perf_counter()
+    interpreted = sample(IntOps(kcompile.interpreted), params, cfg, **short)
+    t2 = time.perf_counter()
+    ctx.check(
+        "compiled_sampler",
+        f"the sampler's first {SAMPLE_COMPILED_CHARS} characters from the checkpoint are the "
+        "same compiled and run by CPython from the same sources",
+        compiled == interpreted,
+        kind="compiled",
+        message=f"compiled {compiled!r} != interpreted {interpreted!r}",
+        text=compiled,
+        speed_ratio=(t2 - t1) / max(t1 - t0, 1e-9),
     )

@@ -134,13 +134,18 @@ def result_arrays(out: dict) -> tuple:
     )
 
 
-def train_int(cfg_fields: dict, steps: int, seed: int, eval_every: int) -> tuple:
+def train_int(
+    cfg_fields: dict, steps: int, seed: int, eval_every: int, interpreted: bool = False
+) -> tuple:
     """The integer run as one call, for a rerun in a fresh process (k3gates.fresh): its kernels
-    are loaded compiled and guarded there like any gate's."""
+    are loaded compiled and guarded there like any gate's (or, with `interpreted`, run from
+    their sources by CPython)."""
+    from .. import compile as kcompile
     from .ops import IntOps
 
     cfg = Config(**cfg_fields)
-    out = run(IntOps(), initial(cfg, seed), cfg, data(cfg), steps, seed, eval_every=eval_every)
+    ops = IntOps(kcompile.interpreted if interpreted else kcompile.load)
+    out = run(ops, initial(cfg, seed), cfg, data(cfg), steps, seed, eval_every=eval_every)
     return result_arrays(out)
 
 
