@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,37 +73,45 @@ def test_twenty_steps_are_bit_identical_in_two_processes_and_thread_counts():
                             python=True) != runs[0]  # fmt: skip
 
 
-# -- acceptance 4: a corrupted run is reported failed, by check name -----------------------------
-def run_replay(folder: Path) -> str:
-    env = {**os.environ, gate.RUN_ENV: str(folder)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "k3gates", "run", "k3mu_replay"],
-        env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT,
-    )  # fmt: skip
+# -- acceptance 4: a corrupted run is reported failed, by check name --------------------------
+def replay_with(damaged: Path, data: bytes) -> str:
+    """Run k3mu_replay (as the build does, in its own process) with `damaged` replaced by
+    `data`, then put the committed bytes back. The run folder is one of the gate's inputs, so
+    the result of the damaged run is never reused for the committed one."""
+    committed = damaged.read_bytes()
+    try:
+        damaged.write_bytes(data)
+        proc = subprocess.run(
+            [sys.executable, "-m", "k3gates", "run", "k3mu_replay"],
+            capture_output=True, text=True, timeout=1800, cwd=ROOT,
+        )  # fmt: skip
+    finally:
+        damaged.write_bytes(committed)
     return proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("damage", ["checkpoint_byte", "recorded_digest"])
-def test_a_corrupted_run_fails_by_name(tmp_path: Path, damage: str):
-    folder = tmp_path / "run"
-    shutil.copytree(RUN, folder)
-    if damage == "checkpoint_byte":
-        ckpt = folder / "checkpoint.npz"
-        data = bytearray(ckpt.read_bytes())
-        data[len(data) // 2] ^= 0x01
-        ckpt.write_bytes(bytes(data))
-        failed = {"checkpoint_intact", "checkpoint_val_loss"}
-    else:
-        meta = json.loads((folder / "run.json").read_text())
-        k = str(meta["checkpoint_every"])
-        d = meta["digests"][k]
-        meta["digests"][k] = d[:-1] + ("0" if d[-1] != "0" else "1")
-        (folder / "run.json").write_text(json.dumps(meta, indent=1))
-        failed = {"replay_digest"}
-    out = run_replay(folder)
-    lines = {ln.split()[1] for ln in out.splitlines() if ln.strip().startswith("FAIL")}
-    assert failed <= lines, out[-3000:]
-    assert "gate k3mu_replay (k3block, PROVEN): failed" in out
+def failed_checks(out: str) -> set[str]:
+    return {ln.split()[1] for ln in out.splitlines() if ln.strip().startswith("FAIL")}
+
+
+def test_a_corrupted_checkpoint_byte_fails_by_name():
+    ckpt = RUN / "checkpoint.npz"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    out = replay_with(ckpt, bytes(data))
+    assert {"checkpoint_intact", "checkpoint_val_loss"} <= failed_checks(out), out[-3000:]
+    assert "gate k3mu_replay (k3block, STRONG): failed" in out
+
+
+def test_a_corrupted_recorded_digest_fails_by_name():
+    meta_path = RUN / "run.json"
+    meta = json.loads(meta_path.read_text())
+    k = str(meta["checkpoint_every"])
+    d = meta["digests"][k]
+    meta["digests"][k] = d[:-1] + ("0" if d[-1] != "0" else "1")
+    out = replay_with(meta_path, (json.dumps(meta, indent=1) + "\n").encode())
+    assert failed_checks(out) == {"replay_digest"}, out[-3000:]
+    assert "gate k3mu_replay (k3block, STRONG): failed" in out
 
 
 # -- acceptance 5: the sampler -------------------------------------------------------------------
