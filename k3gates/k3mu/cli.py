@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -20,20 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import compile as kcompile
 from . import train as T
 from .model import Config
 
 RUNS = Path(__file__).resolve().parent / "runs"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _commit() -> str:
@@ -124,7 +114,7 @@ def train_command(steps: int, out: Path, seed: int, every: int) -> int:
         "val_nats": loss_q * 2.0**-32 / tokens,
         "seconds": round(result["seconds"], 1),
         "tokens_per_s": round(result["tokens"] / result["seconds"]),
-        "provenance": {"commit": _commit(), "cpu": cpu_model(), "started": started},
+        "provenance": {"commit": _commit(), "cpu": kcompile.cpu_model(), "started": started},
     }
     save(out, result["params"], meta)
     meta["checkpoint_sha256"] = hashlib.sha256((out / "checkpoint.npz").read_bytes()).hexdigest()
