@@ -14,11 +14,16 @@ its level only if all four of these hold:
 3. `loss_below_threshold`: the final integer loss is below the threshold.
 4. `rerun_fresh`: the whole training, rerun in a fresh process with another OpenMP thread count,
    is bit-identical to this process's run.
+
+The gate starts that rerun (`start_rerun`) before its own run, so the fresh process trains while
+this one trains and runs the float64 twin: the check costs cores, not wall time.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -30,6 +35,50 @@ START_FACTOR = 10.0
 CURVE = "loss_curve"  # the bound name a training gate declares: the relative tolerance
 
 
+class Rerun:
+    """The whole training running in a fresh process, started by `start_rerun`; `digest()` waits
+    for it. A daemon thread, so a gate that fails before asking does not wait for it."""
+
+    def __init__(self, mod: str, func: str, args: tuple, threads: int, python: bool) -> None:
+        self.func, self.threads = func, threads
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(mod, args, python), daemon=True)
+        self._thread.start()
+
+    def _run(self, mod: str, args: tuple, python: bool) -> None:
+        try:
+            self._digest = fresh.run_digest(
+                mod, self.func, args, threads=self.threads, python=python
+            )
+        except BaseException as e:  # re-raised in the gate's thread by digest()
+            self._error = e
+
+    def digest(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return str(self._digest)
+
+
+def start_rerun(
+    ctx: GateContext,
+    func: str,
+    args: tuple,
+    *,
+    modname: str | None = None,
+    python_module: str | None = None,
+) -> Rerun:
+    """Start the fresh-process rerun of kernel `func(*args)` (or, with `python_module`, of that
+    Python module's training loop) at the other OpenMP thread count. Call it before the gate's
+    own run of the same arguments, and pass the handle to `check_training`."""
+    here = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    other = 2 if here == 1 else 1
+    mod = python_module or ctx._modname(modname)
+    # a copy: the gate's own run may not change what the fresh process is given
+    return Rerun(mod, func, copy.deepcopy(args), other, python_module is not None)
+
+
 def check_training(
     ctx: GateContext,
     *,
@@ -37,16 +86,13 @@ def check_training(
     twin: np.ndarray,
     threshold: float,
     unit: str,
-    rerun: tuple[str, tuple],
+    rerun: Rerun,
     first: Any,
-    modname: str | None = None,
     start_near: tuple[float, float] | None = None,
-    python_module: str | None = None,
 ) -> bool:
     """Record the four training checks. `curve` and `twin` are the integer and float64 losses
-    at the same logged steps; `rerun` is (kernel function, args) whose output `first` is this
-    process's run of the whole training. With `python_module`, `rerun` names a function of
-    that Python module (a training loop that calls kernels) instead of a kernel."""
+    at the same logged steps; `rerun` (from `start_rerun`) is the fresh process's run of the
+    arguments whose output `first` is this process's run of the whole training."""
     if CURVE not in ctx.spec.bounds:
         raise ValueError(f"gate {ctx.spec.id}: declare the relative tolerance bounds[{CURVE!r}]")
     rel_tol = float(ctx.spec.bounds[CURVE])
@@ -105,32 +151,17 @@ def check_training(
         threshold=threshold,
         helper="k3gates.training",
     )
-    ok &= _check_rerun(ctx, rerun, first, modname, python_module)
-    return bool(ok)
-
-
-def _check_rerun(
-    ctx: GateContext,
-    rerun: tuple[str, tuple],
-    first: Any,
-    modname: str | None,
-    python_module: str | None,
-) -> bool:
-    func, args = rerun
     here = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
-    other = 2 if here == 1 else 1
-    mod = python_module or ctx._modname(modname)
     runs = {
         f"this process (OMP_NUM_THREADS={here})": digest(*_as_tuple(first)),
-        f"fresh process (OMP_NUM_THREADS={other})": fresh.run_digest(
-            mod, func, args, threads=other, python=python_module is not None
-        ),
+        f"fresh process (OMP_NUM_THREADS={rerun.threads})": rerun.digest(),
     }
-    return ctx.check_digests(
+    ok &= ctx.check_digests(
         "rerun_fresh",
         "the whole training rerun in a fresh process with another OpenMP thread count gives "
         "bit-identical losses and weights",
         runs,
-        function=func,
+        function=rerun.func,
         helper="k3gates.training",
     )
+    return bool(ok)

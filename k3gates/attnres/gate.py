@@ -20,7 +20,7 @@ import numpy as np
 from k3gates.fx import quantize
 from k3gates.fx.checks import lsb
 from k3gates.gate import GateContext, gate
-from k3gates.training import check_training
+from k3gates.training import check_training, start_rerun
 
 from . import reference as ref
 from .kernels import (
@@ -801,6 +801,7 @@ def attnres_training(ctx: GateContext) -> None:
     k = ctx.compiled()
     p = teacher_problem(SEED + 3)
     args = _train_args(p)
+    rerun = start_rerun(ctx, "train_w", args)
     t0 = time.perf_counter()
     first = k.train_w(*args)
     seconds = time.perf_counter() - t0
@@ -827,7 +828,7 @@ def attnres_training(ctx: GateContext) -> None:
         twin=floats,
         threshold=LOSS_THRESHOLD,
         unit="1/2 mean ||h - target||^2",
-        rerun=("train_w", args),
+        rerun=rerun,
         first=first,
     )
     w_learned = real(first[2], TRAIN_FW)

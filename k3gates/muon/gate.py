@@ -17,7 +17,7 @@ import numpy as np
 
 from k3gates.fx.checks import lsb
 from k3gates.gate import GateContext, bit_equal, gate
-from k3gates.training import check_training
+from k3gates.training import check_training, start_rerun
 
 from . import reference as ref
 from .kernels import (
@@ -746,6 +746,7 @@ def muon_training(ctx: GateContext) -> None:
     d = attention_data(SEED)
     order = np.arange(N_SEQ, dtype=np.int64)
     args = _train_args(d, order)
+    rerun = start_rerun(ctx, "train_attention", args)
     first = k.train_attention(*args)
     shuffled = _train(k, d, np.random.default_rng(SEED + 30).permutation(N_SEQ))
     curve = real(first[0], 24)
@@ -760,7 +761,7 @@ def muon_training(ctx: GateContext) -> None:
         twin=floats,
         threshold=LOSS_THRESHOLD,
         unit="MSE (target variance 1)",
-        rerun=("train_attention", args),
+        rerun=rerun,
         first=first,
     )
     _initial_gradients(ctx, k, d, x, y, w)

@@ -16,14 +16,14 @@ Formats (X is held wide, m <= n, as int16 so the matmuls run as int16 x int16 ->
     X_new            round((NS_A_Q28 X + (B X) 2^5) / 2^28): Q.14, saturated to int16 (counted)
 Rounding: fx.rshift_round (half away from zero) everywhere, so NS5(-G) = -NS5(G) bit for bit.
 
-Why int32 sums cannot overflow. Every matmul is a set of row-by-row dot products of int16
-vectors, and any partial sum (whatever the summation order or SIMD lane split) of a . b obeys
-|sum| <= ||a|| ||b|| (Cauchy-Schwarz). `_gram` and `_dot_pair` compute max ||a_i||^2 and
-max ||b_j||^2 in int64 first and take the int32 path only when their product is below 2^62;
-otherwise they sum in int64 and saturate to int32 (counted in `guard`, which every NS5 entry
-point returns, with int16 saturations: 0 means every sum was exact). For ||X||_2 <= 5/4 the int32 path always
-holds (rows of X, A, B are bounded by ||X||, ||X||^2 and ||B|| <= 2.81; |A_lo|, |B_lo| <= 2^9
-keep sqrt(m) 2^9 * 2^14.4 < 2^31 for m < 2^15).
+Why int32 sums cannot overflow. The three matmuls of an iteration are the shared GEMM,
+`k3gates.gemm.kernels.gemm_i16` (C = A B^T, int16 x int16 -> int32, exact; its gate is
+gemm_exact). It bounds every partial sum of a row pair by Cauchy-Schwarz, |sum| <= ||a|| ||b||,
+sums in int32 where that bound fits and in int64 where it does not, and clamps (and counts) only
+an output that itself leaves int32: `guard`, which every NS5 entry point returns with the int16
+saturations, is 0 when every sum was exact. For ||X||_2 <= 5/4 nothing is clamped (rows of X, A,
+B are bounded by ||X||, ||X||^2 and ||B|| <= 2.81; |A_lo|, |B_lo| <= 2^9 keep
+sqrt(m) 2^9 * 2^14.4 < 2^31 for m < 2^15), and the GEMM stays on its int32 path.
 
 Normalisation (`_normalise`): G is rounded to |G| <= 2^31 when larger; its squared Frobenius
 norm is summed exactly in two 31-bit halves and its square root taken by fx.isqrt to 30 bits,
@@ -73,6 +73,7 @@ from ..fx.kernels import (
     rsqrt_norm,
     softmax_row_q31,
 )
+from ..gemm.kernels import gemm_i16
 
 # -- NS5 constants (each: raw integer, the real expression) --------------------------------------
 NS_STEPS = 5
@@ -84,9 +85,7 @@ A_LO_SHIFT = 4  # A_lo = round((A - A_hi 2^14) / 2^4): units 2^-24, |A_lo| <= 2^
 B_HI_SHIFT = 45  # B_hi = round(B / 2^45): Q.58 -> Q.13
 B_LO_SHIFT = 35  # B_lo = round((B - B_hi 2^45) / 2^35): units 2^-23, |B_lo| <= 2^9
 NORM_BITS = 31  # G is pre-shifted (rounded) to |G| <= 2^31 when larger
-GUARD_LIMIT = 1 << 62  # max||a_i||^2 max||b_j||^2 below this: every int32 partial sum fits
 I16_MAX = (1 << 15) - 1
-I32_MAX = (1 << 31) - 1
 MASK31 = (1 << 31) - 1
 
 # -- Muon step constants -------------------------------------------------------------------------
@@ -141,171 +140,24 @@ def _sat16(v):
     return max(-I16_MAX, min(v, I16_MAX))
 
 
-def _sat32(v):
-    """v clamped to [-2^31 + 1, 2^31 - 1]."""
-    return max(-I32_MAX, min(v, I32_MAX))
-
-
-def _max_row_sq(a, ai):
-    """max_i sum_k a[ai, i, k]^2 for a stack of int16 matrices, in int64 (< 2^30 per term)."""
-    best = 0
-    for i in range(a.shape[1]):
-        s = 0
-        for k in range(a.shape[2]):
-            v = int(a[ai, i, k])
-            s += v * v
-        best = max(best, s)
-    return best
-
-
-def _fits32(na, nb):
-    """True when na nb < 2^62, i.e. every partial dot product of rows with squared norms
-    <= na and <= nb is below 2^31 in magnitude (Cauchy-Schwarz)."""
-    return na == 0 or nb == 0 or na <= (GUARD_LIMIT - 1) // nb
-
-
-# == the matmuls: row-by-row int16 dot products ===================================================
-def _gram(x):
-    """(X X^T as int32 [m, m], guard) for the int16 stack x [1, m, K]: out_ij = sum_k x_ik x_jk.
-
-    int32 accumulation (gcc turns the k loop into vpmaddwd) when the Cauchy-Schwarz guard holds,
-    exact either way; otherwise int64 sums saturated to int32. guard is 0 on the int32 path,
-    else 1 + the number of saturated outputs.
-    """
-    m = x.shape[1]
-    kk = x.shape[2]
-    out = np.zeros((m, m), dtype=np.int32)
-    nx = _max_row_sq(x, 0)
-    if not _fits32(nx, nx):
-        sat = 1
-        for i in range(m):
-            for j in range(m):
-                s = 0
-                for k in range(kk):
-                    s += int(x[0, i, k]) * int(x[0, j, k])
-                sat += 1 if _sat32(s) != s else 0
-                out[i, j] = _sat32(s)
-        return out, sat
-    m4 = m - m % 4
-    # out_ij = sum_k x_ik x_jk, four j at a time (one load of x_ik feeds four products)
-    # omp parallel for
-    for i in range(m):
-        for j in range(0, m4, 4):
-            s0 = np.int32(0)
-            s1 = np.int32(0)
-            s2 = np.int32(0)
-            s3 = np.int32(0)
-            for k in range(kk):
-                v = np.int32(x[0, i, k])
-                s0 += v * np.int32(x[0, j, k])
-                s1 += v * np.int32(x[0, j + 1, k])
-                s2 += v * np.int32(x[0, j + 2, k])
-                s3 += v * np.int32(x[0, j + 3, k])
-            out[i, j] = s0
-            out[i, j + 1] = s1
-            out[i, j + 2] = s2
-            out[i, j + 3] = s3
-        for j in range(m4, m):
-            s = np.int32(0)
-            for k in range(kk):
-                s += np.int32(x[0, i, k]) * np.int32(x[0, j, k])
-            out[i, j] = s
-    return out, 0
-
-
-def _dot_pair(a, b):
-    """(out, guard): out[0, i, j] = a[0, i] . b[0, j] and out[1, i, j] = a[1, i] . b[0, j]
-    (int16 rows, int32 out [2, m, n]): two matmuls sharing the loads of b's rows. Guard as in
-    `_gram`. Operands are stacks (a [2, m, K], b [1, n, K]) so every call has one array type."""
-    m = a.shape[1]
-    n = b.shape[1]
-    kk = a.shape[2]
-    out = np.zeros((2, m, n), dtype=np.int32)
-    nb = _max_row_sq(b, 0)
-    if not (_fits32(_max_row_sq(a, 0), nb) and _fits32(_max_row_sq(a, 1), nb)):
-        sat = 1
-        for i in range(m):
-            for j in range(n):
-                s = 0
-                t = 0
-                for k in range(kk):
-                    s += int(a[0, i, k]) * int(b[0, j, k])
-                    t += int(a[1, i, k]) * int(b[0, j, k])
-                sat += (1 if _sat32(s) != s else 0) + (1 if _sat32(t) != t else 0)
-                out[0, i, j] = _sat32(s)
-                out[1, i, j] = _sat32(t)
-        return out, sat
-    n2 = n - n % 2
-    # out_0ij = sum_k a_0ik b_jk, out_1ij = sum_k a_1ik b_jk, two j at a time
-    # omp parallel for
-    for i in range(m):
-        for j in range(0, n2, 2):
-            s0 = np.int32(0)
-            s1 = np.int32(0)
-            t0 = np.int32(0)
-            t1 = np.int32(0)
-            for k in range(kk):
-                x = np.int32(a[0, i, k])
-                y = np.int32(a[1, i, k])
-                u = np.int32(b[0, j, k])
-                v = np.int32(b[0, j + 1, k])
-                s0 += x * u
-                s1 += x * v
-                t0 += y * u
-                t1 += y * v
-            out[0, i, j] = s0
-            out[0, i, j + 1] = s1
-            out[1, i, j] = t0
-            out[1, i, j + 1] = t1
-        for j in range(n2, n):
-            s = np.int32(0)
-            t = np.int32(0)
-            for k in range(kk):
-                u = np.int32(b[0, j, k])
-                s += np.int32(a[0, i, k]) * u
-                t += np.int32(a[1, i, k]) * u
-            out[0, i, j] = s
-            out[1, i, j] = t
-    return out, 0
-
-
-def _stack(x, flip):
-    """x (2-D int16) as a stack [1, m, n], transposed when `flip`."""
-    rows = x.shape[1] if flip else x.shape[0]
-    cols = x.shape[0] if flip else x.shape[1]
-    out = np.zeros((1, rows, cols), dtype=np.int16)
-    for i in range(rows):
-        for j in range(cols):
-            out[0, i, j] = x[j, i] if flip else x[i, j]
-    return out
-
-
-def _unstack(x, flip):
-    """The 2-D int16 matrix x[0], transposed when `flip`."""
-    rows = x.shape[2] if flip else x.shape[1]
-    cols = x.shape[1] if flip else x.shape[2]
-    out = np.zeros((rows, cols), dtype=np.int16)
-    for i in range(rows):
-        for j in range(cols):
-            out[i, j] = x[0, j, i] if flip else x[0, i, j]
-    return out
-
-
-def _transpose3(x):
-    """x[0]^T as a new int16 stack [1, columns, rows]."""
-    out = np.zeros((1, x.shape[2], x.shape[1]), dtype=np.int16)
-    for i in range(x.shape[1]):
-        for j in range(x.shape[2]):
-            out[0, j, i] = x[0, i, j]
-    return out
-
-
 # == NS5 ==========================================================================================
+# Its three matmuls per iteration are the shared integer GEMM (k3gates/gemm): C = A B^T, int16 x
+# int16 -> int32, exact, each output clamped (and counted) only if it leaves int32.
+def _transpose(x):
+    """X^T as a new int16 array, so that X's columns are rows for gemm_i16."""
+    out = np.zeros((x.shape[1], x.shape[0]), dtype=np.int16)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[j, i] = x[i, j]
+    return out
+
+
 def _split_a(a):
-    """(parts, saturations): parts[0] = A_hi = round(A / 2^14), parts[1] = A_lo =
-    round((A - A_hi 2^14) / 2^4), int16, from the exact Q.28 A (no saturation for |A| < 2)."""
+    """(parts, saturations): parts[:m] = A_hi = round(A / 2^14), parts[m:] = A_lo =
+    round((A - A_hi 2^14) / 2^4), int16 [2m, m], from the exact Q.28 A (no saturation for
+    |A| < 2)."""
     m = a.shape[0]
-    parts = np.zeros((2, m, m), dtype=np.int16)
+    parts = np.zeros((2 * m, m), dtype=np.int16)
     sat = np.zeros(m, dtype=np.int64)  # per row, so that the rows can run in parallel
     # omp parallel for
     for i in range(m):
@@ -314,64 +166,66 @@ def _split_a(a):
             h = rshift_round(v, X_FRAC)
             lo = rshift_round(v - h * (1 << X_FRAC), A_LO_SHIFT)
             sat[i] += (1 if _sat16(h) != h else 0) + (1 if _sat16(lo) != lo else 0)
-            parts[0, i, j] = _sat16(h)
-            parts[1, i, j] = _sat16(lo)
+            parts[i, j] = _sat16(h)
+            parts[m + i, j] = _sat16(lo)
     return parts, int(np.sum(sat))
 
 
 def _split_b(a, p):
-    """(parts, saturations): B_hi, B_lo of B = b A + c A^2 (Q.58), from the exact A (Q.28) and
-    p[0] = A_hi A_hi, p[1] = A_lo A_hi (A symmetric, so A_hi A_lo = p[1]^T)."""
+    """(parts, saturations): B_hi (parts[:m]), B_lo (parts[m:]) of B = b A + c A^2 (Q.58), from
+    the exact A (Q.28) and p[:m] = A_hi A_hi, p[m:] = A_lo A_hi (A symmetric, so A_hi A_lo =
+    (A_lo A_hi)^T)."""
     m = a.shape[0]
-    parts = np.zeros((2, m, m), dtype=np.int16)
+    parts = np.zeros((2 * m, m), dtype=np.int16)
     sat = np.zeros(m, dtype=np.int64)  # per row, so that the rows can run in parallel
     # omp parallel for
     for i in range(m):
         for j in range(m):
-            a2 = (int(p[0, i, j]) << 10) + int(p[1, i, j]) + int(p[1, j, i])
+            a2 = (int(p[i, j]) << 10) + int(p[m + i, j]) + int(p[m + j, i])
             # B = b A + c A^2 in Q.58 (A^2 rounded from Q.38 to Q.32 first)
             bq = NS_B_Q30 * int(a[i, j]) + NS_C_Q26 * rshift_round(a2, 6)
             h = rshift_round(bq, B_HI_SHIFT)
             lo = rshift_round(bq - h * (1 << B_HI_SHIFT), B_LO_SHIFT)
             sat[i] += (1 if _sat16(h) != h else 0) + (1 if _sat16(lo) != lo else 0)
-            parts[0, i, j] = _sat16(h)
-            parts[1, i, j] = _sat16(lo)
+            parts[i, j] = _sat16(h)
+            parts[m + i, j] = _sat16(lo)
     return parts, int(np.sum(sat))
 
 
 def _update_x(q, x):
-    """(a X + B X in Q.14 as a new stack [1, m, n], saturations), from q[0] = B_hi X and
-    q[1] = B_lo X."""
-    m = x.shape[1]
-    n = x.shape[2]
-    out = np.zeros((1, m, n), dtype=np.int16)
+    """(a X + B X in Q.14 as a new int16 [m, n], saturations), from q[:m] = B_hi X and
+    q[m:] = B_lo X."""
+    m = x.shape[0]
+    n = x.shape[1]
+    out = np.zeros((m, n), dtype=np.int16)
     sat = np.zeros(m, dtype=np.int64)  # per row, so that the rows can run in parallel
     # omp parallel for
     for i in range(m):
         for j in range(n):
-            bx = (int(q[0, i, j]) << 10) + int(q[1, i, j])  # B X in Q.37
+            bx = (int(q[i, j]) << 10) + int(q[m + i, j])  # B X in Q.37
             # X <- a X + B X: Q.42 -> Q.14
-            v = rshift_round(NS_A_Q28 * int(x[0, i, j]) + (bx << 5), 28)
+            v = rshift_round(NS_A_Q28 * int(x[i, j]) + (bx << 5), 28)
             sat[i] += 1 if _sat16(v) != v else 0
-            out[0, i, j] = _sat16(v)
+            out[i, j] = _sat16(v)
     return out, int(np.sum(sat))
 
 
 def _ns_iterate(x0, steps):
-    """X <- a X + (b A + c A^2) X, A = X X^T, `steps` times from the wide int16 stack x0
-    [1, m, n] (Q.14). Returns (X, guard): int64 fallbacks and saturations (0 under the module
+    """X <- a X + (b A + c A^2) X, A = X X^T, `steps` times from the wide int16 x0 [m, n]
+    (Q.14). Returns (X, guard): outputs clamped to int32 or int16 (0 under the module
     docstring's premise)."""
-    x = x0
+    x = x0.copy()  # a value, not the argument's reference: Pythran cannot combine the two
+    m = x0.shape[0]
     guard = 0
     for _ in range(steps):
         # A = X X^T, exact in Q.28
-        a, g0 = _gram(x)
+        a, g0 = gemm_i16(x, x)
         ahl, g1 = _split_a(a)
         # A^2 = A_hi A_hi 2^10 + A_hi A_lo + A_lo A_hi in Q.38 (A symmetric: rows serve as columns)
-        p, g2 = _dot_pair(ahl, ahl[0:1].copy())
+        p, g2 = gemm_i16(ahl, ahl[:m].copy())
         bhl, g3 = _split_b(a, p)
         # B X = (B_hi X) 2^10 + B_lo X in Q.37
-        q, g4 = _dot_pair(bhl, _transpose3(x))
+        q, g4 = gemm_i16(bhl, _transpose(x))
         x, g5 = _update_x(q, x)
         guard += g0 + g1 + g2 + g3 + g4 + g5
     return x, guard
@@ -460,16 +314,17 @@ def ns5(G, eps_raw):
     n = G.shape[1]
     x0 = _normalise(G, eps_raw)
     flip = m > n or (m == n and _columns_win(x0))
-    x, guard = _ns_iterate(_stack(x0, flip), NS_STEPS)
-    return _unstack(x, flip), guard
+    if flip:
+        x, guard = _ns_iterate(_transpose(x0), NS_STEPS)
+        return _transpose(x), guard
+    return _ns_iterate(x0, NS_STEPS)
 
 
 # pythran export ns_step(int16[:,:] order(C))
 def ns_step(X):
     """One NS iteration of a wide X (rows <= columns) in Q1.14: (X_new, guard count).
     Error <= ns_step_bound_q10(rows) / 2^10 LSB against the exact iteration of this X."""
-    x, guard = _ns_iterate(_stack(X, False), 1)
-    return _unstack(x, False), guard
+    return _ns_iterate(X, 1)
 
 
 # pythran export normalise(int64[:,:] order(C), int64)

@@ -16,7 +16,7 @@ import numpy as np
 
 from k3gates.fx.checks import check_compiled, check_shuffled, in_lsb, lsb, raw
 from k3gates.gate import GateContext, gate
-from k3gates.training import check_training
+from k3gates.training import check_training, start_rerun
 
 from . import reference as ref
 from .kernels import (
@@ -466,6 +466,7 @@ def situ_training(ctx: GateContext) -> None:
     k = ctx.compiled()
     d = regression_data(SEED)
     args = _train_args(d, np.arange(N_SAMPLES, dtype=np.int64))
+    rerun = start_rerun(ctx, "train_mlp", args)
     first = k.train_mlp(*args)
     shuffled = _train(k, d, np.random.default_rng(SEED + 2).permutation(N_SAMPLES))
     curve = real(first[0])
@@ -479,7 +480,7 @@ def situ_training(ctx: GateContext) -> None:
         twin=floats,
         threshold=LOSS_THRESHOLD,
         unit="MSE (target variance 1)",
-        rerun=("train_mlp", args),
+        rerun=rerun,
         first=first,
     )
     ctx.check(
