@@ -302,7 +302,8 @@ def k3mu_training(ctx: GateContext) -> None:
     )
     rows = [
         ["steps; characters seen", f"{steps}; {tok:,}"],
-        ["characters/s (integer, beside its fresh-process rerun; float64 twin)", f"{tok / int_s:,.0f}; {tok / flt_s:,.0f}"],
+        ["characters/s (integer, beside its fresh-process rerun; float64 twin)",
+         f"{tok / int_s:,.0f}; {tok / flt_s:,.0f}"],
         ["train bits/char, last 10 steps (integer; float64)",
          f"{np.mean(out['train'][-tail:]):.4f}; {np.mean(twin['train'][-tail:]):.4f}"],
         ["validation bits/char (integer; float64)",
