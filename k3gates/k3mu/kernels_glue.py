@@ -62,6 +62,7 @@ from ..fx.kernels import (
     rsqrt_norm,
     sincos_q31,
 )
+from ..gemm.kernels import gemm_i64
 
 # -- formats ------------------------------------------------------------------------------------
 ACT_FRAC = 16
@@ -457,15 +458,23 @@ def ln_q_array(x, frac, out_frac):
     return out
 
 
-def logits_row(xn, W, i, z):
-    """z[i, v] = xn[i] . W[v] in Q.36, exact (d |x_raw W_raw| < 2^62)."""
-    nv = W.shape[0]
-    d = W.shape[1]
-    for v in range(nv):
-        acc = 0
-        for j in range(d):
-            acc += int(xn[i, j]) * int(W[v, j])
-        z[i, v] = acc
+def matmul(a, b, shift):
+    """rshift_round(A B^T, shift), exact, by the shared GEMM (k3gates/gemm): A [M, K], B [N, K]
+    int64. Raises ValueError for rows outside its exact int64 domain (Hoelder: every partial
+    sum below 2^62), which the formats above keep far away (d |x W| < 2^50)."""
+    c, outside = gemm_i64(a, b, shift)
+    if outside != 0:
+        raise ValueError("kernels_glue: a matmul's rows are outside the exact int64 domain")
+    return c
+
+
+def transpose(a):
+    """A^T as a new C-order array: the GEMM's second operand holds the reduction axis in rows."""
+    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[j, i] = a[i, j]
+    return out
 
 
 def ce_row(z, i, target, dl, want_grad):
@@ -506,14 +515,14 @@ def ce_row(z, i, target, dl, want_grad):
 def head_rows(xn, W, targets, want_grad):
     n = xn.shape[0]
     nv = W.shape[0]
-    z = np.zeros((n, nv), dtype=np.int64)
+    # z = xn W^T, exact in Q.36
+    z = matmul(xn, W, 0)
     rows = n if want_grad else 1
     cols = nv if want_grad else 1
     dl = np.zeros((rows, cols), dtype=np.int64)
     ce = np.zeros(n, dtype=np.int64)
     # omp parallel for
     for i in range(n):
-        logits_row(xn, W, i, z)
         ce[i] = ce_row(z, i, int(targets[i]), dl, want_grad)
     total = 0
     for i in range(n):
@@ -548,15 +557,8 @@ def head_logits(xn, W):
 
     The dot is exact in Q.36 (as in head_loss), one rounding: error <= 1/2 LSB (LOGITS_ERR).
     """
-    n = xn.shape[0]
-    nv = W.shape[0]
-    z = np.zeros((n, nv), dtype=np.int64)
-    # omp parallel for
-    for i in range(n):
-        logits_row(xn, W, i, z)
-        for v in range(nv):
-            z[i, v] = rshift_round(int(z[i, v]), LOGIT_FRAC - ACT_FRAC)
-    return z
+    # z = xn W^T: Q.36 -> Q.16
+    return matmul(xn, W, LOGIT_FRAC - ACT_FRAC)
 
 
 # pythran export head_backward(int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C))
@@ -567,28 +569,10 @@ def head_backward(dlogits, xn, W):
     Both sums exact (Q.44: V |dl_raw W_raw| < 2^62; Q.40: N |dl_raw xn_raw| < 2^62, i.e.
     N < 2^17 at |dl| <= 1, |xn| <= 2^5), one rounding each: 1/2 LSB (HEAD_GRAD_ERR).
     """
-    n = xn.shape[0]
-    d = xn.shape[1]
-    nv = W.shape[0]
-    dxn = np.zeros((n, d), dtype=np.int64)
-    dW = np.zeros((nv, d), dtype=np.int64)
-    # the exact sums accumulate in the output rows (contiguous inner loops), then one rounding
-    # omp parallel for
-    for i in range(n):
-        for v in range(nv):
-            g = int(dlogits[i, v])
-            for j in range(d):
-                dxn[i, j] += g * int(W[v, j])
-        for j in range(d):
-            dxn[i, j] = rshift_round(int(dxn[i, j]), GRAD_FRAC + W_FRAC - GRAD_FRAC)
-    # omp parallel for
-    for v in range(nv):
-        for i in range(n):
-            g = int(dlogits[i, v])
-            for j in range(d):
-                dW[v, j] += g * int(xn[i, j])
-        for j in range(d):
-            dW[v, j] = rshift_round(int(dW[v, j]), ACT_FRAC)
+    # dxn = dlogits W: Q.44 -> Q.24
+    dxn = matmul(dlogits, transpose(W), W_FRAC)
+    # dW = dlogits^T xn: Q.40 -> Q.24
+    dW = matmul(transpose(dlogits), transpose(xn), ACT_FRAC)
     return dxn, dW
 
 

@@ -79,6 +79,7 @@ from ..fx.kernels import (
     sigmoid_q62,
     silu_q,
 )
+from ..gemm.kernels import gemm_i64
 
 X_FRAC = 16  # activations x, y
 W_FRAC = 20  # weights
@@ -150,47 +151,69 @@ def _state_limit(dk, dv):
     return (1 << STATE_NORM_BITS) >> _half_bits(max(dk, dv))
 
 
+def _rows(a):
+    """[B, T, n] as a new [B T, n] array: one row per token, the GEMM's operand."""
+    n_t = a.shape[1]
+    out = np.zeros((a.shape[0] * n_t, a.shape[2]), dtype=np.int64)
+    for b in range(a.shape[0]):
+        for t in range(n_t):
+            for j in range(a.shape[2]):
+                out[b * n_t + t, j] = a[b, t, j]
+    return out
+
+
+def _transpose(a):
+    """A^T as a new C-order array (2-D): the GEMM reduces along rows of both operands."""
+    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[j, i] = a[i, j]
+    return out
+
+
+def _matmul(a, w, shift):
+    """rshift_round(A W^T, shift) by the shared GEMM (exact sum, one rounding): A [M, K],
+    W [N, K]. The second value counts outputs outside its exact int64 domain (they are 0)."""
+    return gemm_i64(a, w, shift)
+
+
 # pythran export kda_fwd_lin(int64[:,:,:] order(C), int64[:,:] order(C), int64[:,:] order(C),
 #     int64[:,:] order(C), int64[:,:] order(C), int64[:], int64[:], int64[:,:] order(C), int)
 def kda_fwd_lin(x, w_qkv, conv, w_b, w_f, dt_bias, a_head, w_go, dk):
     """Forward, linear part (projections and the causal conv): (u [B,T,N] Q.24,
     c [B,T,N] Q.32, z [B,T,2Hdk+H]: the sigmoid arguments W_go x (Q.36), a_head (W_f x +
-    dt_bias) (Q.44), W_b x (Q.36)).
+    dt_bias) (Q.44), W_b x (Q.36), and the number of projection outputs outside the shared
+    GEMM's exact int64 domain (0 for the formats above)).
     The forward is cut into passes (kda_fwd_lin, kda_fwd_act, kda_fwd_qkv, kda_fwd_rec,
     kda_fwd_out) so that every non-linear helper (sigmoid, exp, rsqrt) takes values read from
     an input array: Pythran's C++ types of their internals then stay small, where values
     computed in the same function made g++ exceed its memory cap."""
-    n_b, n_t, d = x.shape[0], x.shape[1], x.shape[2]
+    n_b, n_t = x.shape[0], x.shape[1]
     n_h = a_head.shape[0]
     hk = n_h * dk
     n3 = 3 * hk
     u = np.zeros((n_b, n_t, n3), dtype=np.int64)
     c = np.zeros((n_b, n_t, n3), dtype=np.int64)
     z = np.zeros((n_b, n_t, 2 * hk + n_h), dtype=np.int64)
+    xr = _rows(x)
+    # u = W_qkv x (Q.36 -> Q.24); gz, beta and the gate's arguments from W_go, W_b, W_f
+    ur, o1 = _matmul(xr, w_qkv, X_FRAC + W_FRAC - U_FRAC)
+    gz, o2 = _matmul(xr, w_go, 0)
+    fz, o3 = _matmul(xr, w_f, X_FRAC + W_FRAC - F_FRAC)
+    bz, o4 = _matmul(xr, w_b, 0)
+    outside = o1 + o2 + o3 + o4
     # omp parallel for
     for b in range(n_b):
         for t in range(n_t):
-            # u = W_qkv x (Q.36 -> Q.20); gz, beta, the gate from W_go, W_b, W_f
+            r = b * n_t + t
             for ch in range(n3):
-                acc = 0
-                for i in range(d):
-                    acc += int(w_qkv[ch, i]) * int(x[b, t, i])
-                u[b, t, ch] = rshift_round(acc, X_FRAC + W_FRAC - U_FRAC)
+                u[b, t, ch] = ur[r, ch]
             for m in range(hk):
-                acc = 0
-                acf = 0
-                for i in range(d):
-                    acc += int(w_go[m, i]) * int(x[b, t, i])
-                    acf += int(w_f[m, i]) * int(x[b, t, i])
-                z[b, t, m] = acc
+                z[b, t, m] = gz[r, m]
                 # z = a_head (W_f x + dt_bias) in Q.44 (a_head <= 16: < 2^63)
-                fz = rshift_round(acf, X_FRAC + W_FRAC - F_FRAC) + (int(dt_bias[m]) << 4)
-                z[b, t, hk + m] = int(a_head[m // dk]) * fz
+                z[b, t, hk + m] = int(a_head[m // dk]) * (int(fz[r, m]) + (int(dt_bias[m]) << 4))
             for h in range(n_h):
-                acc = 0
-                for i in range(d):
-                    acc += int(w_b[h, i]) * int(x[b, t, i])
-                z[b, t, 2 * hk + h] = acc
+                z[b, t, 2 * hk + h] = bz[r, h]
         # causal depthwise conv (Q.44 products rounded to Q.32)
         # (taps outermost: no branch inside the channel loop for gcc to unswitch)
         for t in range(n_t):
@@ -202,7 +225,7 @@ def kda_fwd_lin(x, w_qkv, conv, w_b, w_f, dt_bias, a_head, w_go, dk):
                         c[b, t, ch] += rshift_round(
                             int(conv[ch, j]) * int(u[b, src, ch]), CONV_SHIFT
                         )
-    return u, c, z
+    return u, c, z, outside
 
 
 # pythran export kda_fwd_act(int64[:,:,:] order(C), int64[:,:,:] order(C))
@@ -400,18 +423,17 @@ def kda_fwd_rms(o, dk):
 def kda_fwd_out(o, gs, norm_w, w_o, ms):
     """Forward, output side (the head RMSNorm, the output gate, W_o): (y [B,T,d] Q.16,
     oh [B,T,Hdk] Q.30 (RMSNorm(o) before the gain), rn [B,T,H,2] (its (h, e)),
-    gated [B,T,Hdk] Q.24). Error of y (the whole forward): Y_MAX_ERR_LSB output LSB."""
+    gated [B,T,Hdk] Q.24, W_o's outputs outside the GEMM's domain). Error of y (the whole
+    forward): Y_MAX_ERR_LSB output LSB."""
     n_b, n_t, hk = o.shape[0], o.shape[1], o.shape[2]
     d = w_o.shape[0]
     dk = norm_w.shape[0]
     n_h = hk // dk
-    y = np.zeros((n_b, n_t, d), dtype=np.int64)
     oh = np.zeros((n_b, n_t, hk), dtype=np.int64)
     rn = np.zeros((n_b, n_t, n_h, 2), dtype=np.int64)
     gated = np.zeros((n_b, n_t, hk), dtype=np.int64)
     # omp parallel for
     for b in range(n_b):
-        gv = np.zeros(hk, dtype=np.int64)  # gated, Q.24
         for t in range(n_t):
             for h in range(n_h):
                 qo = h * dk
@@ -423,23 +445,23 @@ def kda_fwd_out(o, gs, norm_w, w_o, ms):
                     ohv = mul_round(int(o[b, t, qo + j]), mr, 48)
                     oh[b, t, qo + j] = ohv
                     on = rshift_round(ohv * int(norm_w[j]), G_FRAC + W_FRAC - K_FRAC)
-                    gg = rshift_round(on * int(gs[b, t, qo + j]), G_FRAC)
-                    gated[b, t, qo + j] = gg
-                    gv[qo + j] = gg
-            # y = W_o gated (Q.44 -> Q.16)
+                    gated[b, t, qo + j] = rshift_round(on * int(gs[b, t, qo + j]), G_FRAC)
+    # y = W_o gated (Q.44 -> Q.16)
+    yr, outside = _matmul(_rows(gated), w_o, W_FRAC + K_FRAC - X_FRAC)
+    y = np.zeros((n_b, n_t, d), dtype=np.int64)
+    for b in range(n_b):
+        for t in range(n_t):
             for j in range(d):
-                acy = 0
-                for mm in range(hk):
-                    acy += int(w_o[j, mm]) * int(gv[mm])
-                y[b, t, j] = rshift_round(acy, W_FRAC + K_FRAC - X_FRAC)
-    return y, oh, rn, gated
+                y[b, t, j] = yr[b * n_t + t, j]
+    return y, oh, rn, gated, outside
 
 
 # pythran export kda_bwd_out(int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C),
 #     int64[:,:,:,:] order(C), int64[:,:,:] order(C), int64[:], int64[:,:] order(C))
 def kda_bwd_out(dy, gated, oh, rn, gs, norm_w, w_o):
     """Backward, output side (W_o, the output gate, the head RMSNorm): (do [B,T,Hdk] Q.26,
-    dgz [B,T,Hdk] Q.24, dw_o [d, Hdk] Q.24, dnorm_w [dk] Q.24)."""
+    dgz [B,T,Hdk] Q.24, dw_o [d, Hdk] Q.24, dnorm_w [dk] Q.24, W_o^T dy's outputs outside the
+    GEMM's domain). dw_o rounds each product to Q.40 before its sum (not a GEMM)."""
     n_b, n_t, d = dy.shape[0], dy.shape[1], dy.shape[2]
     n_h = rn.shape[2]
     dk = norm_w.shape[0]
@@ -448,23 +470,21 @@ def kda_bwd_out(dy, gated, oh, rn, gs, norm_w, w_o):
     out_dgz = np.zeros((n_b, n_t, hk), dtype=np.int64)
     g_nw = np.zeros((n_b, dk), dtype=np.int64)
     g_o = np.zeros((n_b, d, hk), dtype=np.int64)
+    # dgated = W_o^T dy: Q.44 -> Q.32
+    dgr, outside = _matmul(_rows(dy), _transpose(w_o), W_FRAC + D_FRAC - 32)
     # omp parallel for
     for b in range(n_b):
         dov = np.zeros((n_t, hk), dtype=np.int64)  # do, Q.26
         dgz = np.zeros((n_t, hk), dtype=np.int64)  # Q.24
-        dg = np.zeros(hk, dtype=np.int64)
         don = np.zeros(hk, dtype=np.int64)
         # -- output side: y = W_o gated, gated = o_n sigmoid(gz), o_n = RMSNorm(o) norm_w --
         for t in range(n_t):
-            for m in range(hk):
-                dg[m] = 0
             for j in range(d):
                 dyj = int(dy[b, t, j])
                 for m in range(hk):
-                    dg[m] += int(w_o[j, m]) * dyj
                     g_o[b, j, m] += rshift_round(dyj * int(gated[b, t, m]), 2 * K_FRAC - ACC_FRAC)
             for m in range(hk):
-                dgm = rshift_round(int(dg[m]), W_FRAC + D_FRAC - 32)  # dgated Q.32
+                dgm = int(dgr[b * n_t + t, m])  # dgated Q.32
                 gsv = int(gs[b, t, m])
                 ohv = int(oh[b, t, m])
                 don[m] = mul_round(dgm, gsv, G_FRAC)  # Q.32
@@ -491,7 +511,7 @@ def kda_bwd_out(dy, gated, oh, rn, gs, norm_w, w_o):
             for m in range(hk):
                 out_do[b, t, m] = dov[t, m]
                 out_dgz[b, t, m] = dgz[t, m]
-    return out_do, out_dgz, _reduce3(g_o), _reduce2(g_nw)
+    return out_do, out_dgz, _reduce3(g_o), _reduce2(g_nw), outside
 
 
 # pythran export kda_bwd_rec(int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C),
@@ -665,21 +685,20 @@ def kda_bwd_in(
     w_qkv, conv, w_b, w_f, w_go,
 ):  # fmt: skip
     """Backward, input side (gates, L2 norms, SiLU, conv, the projections): (dx [B,T,d],
-    dw_qkv, dconv, dw_b, dw_f, ddt_bias, dw_go, all Q.24). Weight gradients are exact Q.40
-    sums over all B T tokens, rounded once. Error (the whole backward): GRAD_MAX_ERR_REL_Q20 /
-    2^20 of each output's max-abs + GRAD_MAX_ERR_LSB LSB."""
+    dw_qkv, dconv, dw_b, dw_f, ddt_bias, dw_go, all Q.24; the projections' outputs outside the
+    GEMM's domain). Weight gradients are exact Q.40 sums over all B T tokens, rounded once.
+    Error (the whole backward): GRAD_MAX_ERR_REL_Q20 / 2^20 of each output's max-abs +
+    GRAD_MAX_ERR_LSB LSB."""
     n_b, n_t, d = x.shape[0], x.shape[1], x.shape[2]
     n_h = a_head.shape[0]
     hk = alpha.shape[2]
     dk = hk // n_h
     n3 = 3 * hk
-    dx = np.zeros((n_b, n_t, d), dtype=np.int64)
-    g_qkv = np.zeros((n_b, n3, d), dtype=np.int64)  # per sequence, Q.40
+    n_g = n3 + n_h + 2 * hk
+    # every projection's input gradient, one row per token: [du (Q.24) | dbz | dfz | dgz]
+    dz_all = np.zeros((n_b * n_t, n_g), dtype=np.int64)
     g_conv = np.zeros((n_b, n3, CONV), dtype=np.int64)
-    g_b = np.zeros((n_b, n_h, d), dtype=np.int64)
-    g_f = np.zeros((n_b, hk, d), dtype=np.int64)
     g_dt = np.zeros((n_b, hk), dtype=np.int64)
-    g_go = np.zeros((n_b, hk, d), dtype=np.int64)
     # omp parallel for
     for b in range(n_b):
         dqkv = np.zeros((n_t, n3), dtype=np.int64)  # dq, dk, dv Q.26, then da Q.32
@@ -687,7 +706,6 @@ def kda_bwd_in(
         du = np.zeros((n_t, n3), dtype=np.int64)  # du Q.44
         dfz = np.zeros((n_t, hk), dtype=np.int64)  # Q.24
         dbz = np.zeros((n_t, n_h), dtype=np.int64)  # Q.24
-        acc_d = np.zeros(d, dtype=np.int64)
         for t in range(n_t):
             for m in range(n3):
                 dqkv[t, m] = dqkv_in[b, t, m]
@@ -741,38 +759,42 @@ def kda_bwd_in(
                             dcv, int(u[b, src, ch]), D_FRAC + U_FRAC - ACC_FRAC
                         )
                         du[src, ch] += int(conv[ch, j]) * dcv
-        # -- the projections: weight gradients (Q.24 x Q.16 = Q.40 exact) and dx (Q.44) --
+        for t in range(n_t):
+            r = b * n_t + t
+            for ch in range(n3):
+                dz_all[r, ch] = rshift_round(int(du[t, ch]), W_FRAC)  # du Q.24
+            for h in range(n_h):
+                dz_all[r, n3 + h] = dbz[t, h]
+            for m in range(hk):
+                dz_all[r, n3 + n_h + m] = dfz[t, m]
+                dz_all[r, n3 + n_h + hk + m] = dgz[b, t, m]
+    # -- the projections, by the shared GEMM: weight gradients G^T x (Q.24 x Q.16 = Q.40, exact
+    # over all B T tokens, rounded once to Q.24) and dx = the sum of W^T g (Q.44, rounded once)
+    g_all, o1 = _matmul(_transpose(dz_all), _transpose(_rows(x)), ACC_FRAC - D_FRAC)
+    w_all = np.zeros((n_g, d), dtype=np.int64)
+    for i in range(d):
+        for ch in range(n3):
+            w_all[ch, i] = w_qkv[ch, i]
+        for h in range(n_h):
+            w_all[n3 + h, i] = w_b[h, i]
+        for m in range(hk):
+            w_all[n3 + n_h + m, i] = w_f[m, i]
+            w_all[n3 + n_h + hk + m, i] = w_go[m, i]
+    dxr, o2 = _matmul(dz_all, _transpose(w_all), W_FRAC)
+    dx = np.zeros((n_b, n_t, d), dtype=np.int64)
+    for b in range(n_b):
         for t in range(n_t):
             for i in range(d):
-                acc_d[i] = 0
-            for ch in range(n3):
-                gv = rshift_round(int(du[t, ch]), W_FRAC)  # du Q.24
-                for i in range(d):
-                    g_qkv[b, ch, i] += gv * int(x[b, t, i])
-                    acc_d[i] += int(w_qkv[ch, i]) * gv
-            for h in range(n_h):
-                gv = int(dbz[t, h])
-                for i in range(d):
-                    g_b[b, h, i] += gv * int(x[b, t, i])
-                    acc_d[i] += int(w_b[h, i]) * gv
-            for m in range(hk):
-                gv = int(dfz[t, m])
-                gw = int(dgz[b, t, m])
-                for i in range(d):
-                    xi = int(x[b, t, i])
-                    g_f[b, m, i] += gv * xi
-                    g_go[b, m, i] += gw * xi
-                    acc_d[i] += int(w_f[m, i]) * gv + int(w_go[m, i]) * gw
-            for i in range(d):
-                dx[b, t, i] = rshift_round(int(acc_d[i]), W_FRAC)
+                dx[b, t, i] = dxr[b * n_t + t, i]
     return (
         dx,
-        _reduce3(g_qkv),
+        g_all[0:n3].copy(),
         _reduce3(g_conv),
-        _reduce3(g_b),
-        _reduce3(g_f),
+        g_all[n3 : n3 + n_h].copy(),
+        g_all[n3 + n_h : n3 + n_h + hk].copy(),
         _reduce2(g_dt),
-        _reduce3(g_go),
+        g_all[n3 + n_h + hk : n_g].copy(),
+        o1 + o2,
     )
 
 

@@ -79,6 +79,7 @@ from ..fx.kernels import (
     sigmoid_q62,
     softmax_row_q31,
 )
+from ..gemm.kernels import gemm_i64
 
 ACT_FRAC = 16  # x, y
 W_FRAC = 20  # weights, norm gains
@@ -168,26 +169,28 @@ def put(dst, b, src):
             dst[b, t, j] = src[t, j]
 
 
-def project(src, w, shift):
-    """out[t, j] = round(sum_i w[j, i] src[t, i] / 2^shift): exact sum, one rounding."""
-    out = np.zeros((src.shape[0], w.shape[0]), dtype=np.int64)
-    for t in range(src.shape[0]):
-        for j in range(w.shape[0]):
-            acc = 0
-            for i in range(w.shape[1]):
-                acc += int(w[j, i]) * int(src[t, i])
-            out[t, j] = rshift_round(acc, shift)
+def transpose(a):
+    """A^T as a new C-order array: the GEMM's second operand holds the reduction axis in rows."""
+    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[j, i] = a[i, j]
     return out
 
 
-def project_t(src, w):
-    """out[t, j] = sum_i w[i, j] src[t, i], exact and unrounded (W^T applied to a gradient)."""
-    out = np.zeros((src.shape[0], w.shape[1]), dtype=np.int64)
-    for t in range(src.shape[0]):
-        for i in range(w.shape[0]):
-            g = int(src[t, i])
-            for j in range(w.shape[1]):
-                out[t, j] += int(w[i, j]) * g
+def project(src, w, shift, bad, b):
+    """out[t, j] = round(sum_i w[j, i] src[t, i] / 2^shift), by the shared GEMM: exact sum, one
+    rounding. An output outside the GEMM's exact int64 domain is 0 and counted in bad[b]."""
+    out, outside = gemm_i64(src, w, shift)
+    bad[b] += outside
+    return out
+
+
+def project_t(src, w, bad, b):
+    """out[t, j] = sum_i w[i, j] src[t, i], exact and unrounded (W^T applied to a gradient), by
+    the shared GEMM; outside its domain as `project`."""
+    out, outside = gemm_i64(src, transpose(w), 0)
+    bad[b] += outside
     return out
 
 
@@ -462,27 +465,30 @@ def value_back(p, d_o):
 
 
 # == weight gradients ============================================================================
-def weight_grad(g, a, shift):
-    """out[i, j] = round(sum_{b,t} g[b,t,i] a[b,t,j] / 2^shift), exact two-limb sums."""
-    n_b = g.shape[0]
-    t_len = g.shape[1]
-    n_in = a.shape[2]
-    out = np.zeros((g.shape[2], n_in), dtype=np.int64)
-    # omp parallel for
+def tokens_t(a, shift, mask):
+    """[n, B T]: a [B, T, n] with tokens as columns, each value (v >> shift) & mask (mask -1:
+    all bits), so that a sum over tokens is one row of the GEMM's operand."""
+    t_len = a.shape[1]
+    out = np.zeros((a.shape[2], a.shape[0] * t_len), dtype=np.int64)
+    for b in range(a.shape[0]):
+        for t in range(t_len):
+            for i in range(a.shape[2]):
+                out[i, b * t_len + t] = (int(a[b, t, i]) >> shift) & mask
+    return out
+
+
+def weight_grad(g, a, shift, bad):
+    """out[i, j] = round(sum_{b,t} g[b,t,i] a[b,t,j] / 2^shift): g split into limbs
+    g = (g >> SUM_LIMB) 2^SUM_LIMB + (g & SUM_MASK), each limb's sum exact by the shared GEMM,
+    one rounding of the two-limb total. Outputs outside the GEMM's domain counted in bad[0]."""
+    a_t = tokens_t(a, 0, -1)
+    his, o1 = gemm_i64(tokens_t(g, SUM_LIMB, -1), a_t, 0)
+    los, o2 = gemm_i64(tokens_t(g, 0, SUM_MASK), a_t, 0)
+    bad[0] += o1 + o2
+    out = np.zeros((g.shape[2], a.shape[2]), dtype=np.int64)
     for i in range(g.shape[2]):
-        his = np.zeros(n_in, dtype=np.int64)
-        los = np.zeros(n_in, dtype=np.int64)
-        for b in range(n_b):
-            for t in range(t_len):
-                x = int(g[b, t, i])
-                xh = x >> SUM_LIMB
-                xl = x & SUM_MASK
-                for j in range(n_in):
-                    y = int(a[b, t, j])
-                    his[j] += xh * y
-                    los[j] += xl * y
-        for j in range(n_in):
-            out[i, j] = round_limbs(int(his[j]), int(los[j]), SUM_LIMB, shift)
+        for j in range(a.shape[2]):
+            out[i, j] = round_limbs(int(his[i, j]), int(los[i, j]), SUM_LIMB, shift)
     return out
 
 
@@ -533,15 +539,15 @@ def mla_forward(x, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_
     # omp parallel for
     for b in range(n_b):
         xb = take(x, b)
-        n_q, c_q, r_q = norm_rows(project(xb, w_dq, 0), q_norm)  # W_dq x exact in Q.36
-        q = project(c_q, w_uq, W_FRAC)  # Q.44 -> Q.24
-        n_kv, c_kv, r_kv = norm_rows(project(xb, w_dkv, 0), kv_norm)
-        k_r = project(xb, w_kr, A_FRAC - INT_FRAC)  # Q.36 -> Q.24
-        k_c = project(c_kv, w_uk, W_FRAC)
-        v = project(c_kv, w_uv, W_FRAC)
+        n_q, c_q, r_q = norm_rows(project(xb, w_dq, 0, bad, b), q_norm)  # W_dq x exact in Q.36
+        q = project(c_q, w_uq, W_FRAC, bad, b)  # Q.44 -> Q.24
+        n_kv, c_kv, r_kv = norm_rows(project(xb, w_dkv, 0, bad, b), kv_norm)
+        k_r = project(xb, w_kr, A_FRAC - INT_FRAC, bad, b)  # Q.36 -> Q.24
+        k_c = project(c_kv, w_uk, W_FRAC, bad, b)
+        v = project(c_kv, w_uv, W_FRAC, bad, b)
         p, o = attend(q, k_c, k_r, v, n_heads, scale)
-        sg, gated = gate(project(xb, w_g, 0), o)  # u = W_g x exact in Q.36
-        put(y_all, b, project(gated, w_o, INT_FRAC + W_FRAC - ACT_FRAC))  # Q.44 -> Q.16
+        sg, gated = gate(project(xb, w_g, 0, bad, b), o)  # u = W_g x exact in Q.36
+        put(y_all, b, project(gated, w_o, INT_FRAC + W_FRAC - ACT_FRAC, bad, b))  # Q.44 -> Q.16
         put(n_q_all, b, n_q)
         put(c_q_all, b, c_q)
         put(r_q_all, b, r_q)
@@ -559,7 +565,7 @@ def mla_forward(x, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_
         put(o_all, b, o)
         put(sg_all, b, sg)
         put(gated_all, b, gated)
-        bad[b] = (
+        bad[b] += (
             out_of_domain(c_q)
             + out_of_domain(q)
             + out_of_domain(c_kv)
@@ -647,21 +653,21 @@ def mla_backward(
                 for s in range(t_len):
                     p[hh, t, s] = p_all[b, hh, t, s]
         zero = np.zeros((t_len, hv), dtype=np.int64)
-        dg = round_sum2(project_t(dyb, w_o), zero, W_FRAC)  # dG = W_o^T dy, Q.44 -> Q.24
+        dg = round_sum2(project_t(dyb, w_o, bad, b), zero, W_FRAC)  # dG = W_o^T dy, Q.44 -> Q.24
         d_o, du = gate_back(dg, take(sg_all, b), take(o_all, b))
         ds = scores_back(p, take(v_all, b), d_o, scale)
         dq = query_back(ds, take(k_c_all, b), take(k_r_all, b))
         dkc, dkr = key_back(ds, q, rope)
         dvv = value_back(p, d_o)
-        dc_kv = round_sum2(project_t(dkc, w_uk), project_t(dvv, w_uv), W_FRAC)
+        dc_kv = round_sum2(project_t(dkc, w_uk, bad, b), project_t(dvv, w_uv, bad, b), W_FRAC)
         zq = np.zeros((t_len, ql), dtype=np.int64)
-        dc_q = round_sum2(project_t(dq, w_uq), zq, W_FRAC)
+        dc_q = round_sum2(project_t(dq, w_uq, bad, b), zq, W_FRAC)
         da_q = norm_back(dc_q, q_norm, take(n_q_all, b), take(r_q_all, b))
         da_kv = norm_back(dc_kv, kv_norm, take(n_kv_all, b), take(r_kv_all, b))
         # dx = W_g^T du + W_kr^T dk_r + W_dq^T da_q + W_dkv^T da_kv, exact in Q.44, one rounding
-        acc = round_sum2(project_t(du, w_g), project_t(dkr, w_kr), 0)
-        acc = round_sum2(acc, project_t(da_q, w_dq), 0)
-        put(dx_all, b, round_sum2(acc, project_t(da_kv, w_dkv), W_FRAC))
+        acc = round_sum2(project_t(du, w_g, bad, b), project_t(dkr, w_kr, bad, b), 0)
+        acc = round_sum2(acc, project_t(da_q, w_dq, bad, b), 0)
+        put(dx_all, b, round_sum2(acc, project_t(da_kv, w_dkv, bad, b), W_FRAC))
         put(du_all, b, du)
         put(dq_all, b, dq)
         put(dkc_all, b, dkc)
@@ -671,7 +677,7 @@ def mla_backward(
         put(da_q_all, b, da_q)
         put(dc_kv_all, b, dc_kv)
         put(da_kv_all, b, da_kv)
-        bad[b] = (
+        bad[b] += (
             out_of_domain(dg)
             + out_of_domain(du)
             + out_of_domain(dq)
@@ -684,15 +690,16 @@ def mla_backward(
             + out_of_domain(da_kv)
         )
     xs = A_FRAC - W_FRAC  # a Q.24 gradient times Q.16 x = Q.40 -> Q.24: 16
-    g_dq = weight_grad(da_q_all, x, xs)
+    wbad = np.zeros(1, dtype=np.int64)
+    g_dq = weight_grad(da_q_all, x, xs, wbad)
     g_qn = gain_grad(dc_q_all, n_q_all)
-    g_uq = weight_grad(dq_all, c_q_all, INT_FRAC)
-    g_dkv = weight_grad(da_kv_all, x, xs)
+    g_uq = weight_grad(dq_all, c_q_all, INT_FRAC, wbad)
+    g_dkv = weight_grad(da_kv_all, x, xs, wbad)
     g_kvn = gain_grad(dc_kv_all, n_kv_all)
-    g_kr = weight_grad(dkr_all, x, xs)
-    g_uk = weight_grad(dkc_all, c_kv_all, INT_FRAC)
-    g_uv = weight_grad(dv_all, c_kv_all, INT_FRAC)
-    g_g = weight_grad(du_all, x, xs)
-    g_o = weight_grad(dy, gated_all, INT_FRAC)
-    n_bad = int(np.sum(bad))
+    g_kr = weight_grad(dkr_all, x, xs, wbad)
+    g_uk = weight_grad(dkc_all, c_kv_all, INT_FRAC, wbad)
+    g_uv = weight_grad(dv_all, c_kv_all, INT_FRAC, wbad)
+    g_g = weight_grad(du_all, x, xs, wbad)
+    g_o = weight_grad(dy, gated_all, INT_FRAC, wbad)
+    n_bad = int(np.sum(bad)) + int(wbad[0])
     return dx_all, g_dq, g_qn, g_uq, g_dkv, g_kvn, g_kr, g_uk, g_uv, g_g, g_o, n_bad

@@ -88,6 +88,7 @@ from ..fx.kernels import (
     rsqrt_norm,
     sigmoid_q62,
 )
+from ..gemm.kernels import gemm_i64
 from ..moe.kernels import qb_update
 from ..situ.kernels import (
     SITU_BETA,
@@ -120,6 +121,41 @@ HALF_LSB_Q10 = 512  # the final rounding of every output, in 1/1024 LSB
 
 
 # == helpers =====================================================================================
+def matmul(a, w, shift, bad):
+    """rshift_round(A W^T, shift) by the shared GEMM (exact sum, one rounding): A [M, K],
+    W [N, K]. Outputs outside its exact int64 domain are 0, counted in bad[0]."""
+    c, outside = gemm_i64(a, w, shift)
+    bad[0] += outside
+    return c
+
+
+def transpose(a):
+    """A^T as a new C-order array: the GEMM reduces along the rows of both operands."""
+    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[j, i] = a[i, j]
+    return out
+
+
+def gather(a, rows, lo_r, hi_r):
+    """a[rows[lo_r:hi_r]] as a new array: one expert's slots or tokens, in order."""
+    out = np.zeros((hi_r - lo_r, a.shape[1]), dtype=np.int64)
+    for r in range(lo_r, hi_r):
+        for j in range(a.shape[1]):
+            out[r - lo_r, j] = a[int(rows[r]), j]
+    return out
+
+
+def expert(w, e):
+    """Expert e's matrix w[e] as a new 2-D array."""
+    out = np.zeros((w.shape[1], w.shape[2]), dtype=np.int64)
+    for i in range(w.shape[1]):
+        for j in range(w.shape[2]):
+            out[i, j] = w[e, i, j]
+    return out
+
+
 def round_split(hi, lo, shift):
     """(hi 2^SPLIT + lo) / 2^shift rounded half away from zero, SPLIT <= shift <= 62, lo >= 0.
 
@@ -208,11 +244,11 @@ def rms_inverse(c, t):
 def moe_fwd_route(x, w_r, bias, w_down, w1, w3, ws1, ws3, k, rsf):
     """Forward pass 1 on x [N, d] Q.16: the router, z and every SiTU input: (s40 [N, n],
     idx [N, k], ssel [N, k], wts [N, k], z [N, d_l], pre_g, pre_u [N, k h_e + h_s]); unit
-    j h_e + i is slot j's expert unit i (Q.24), unit k h_e + i the shared expert's (Q.36)."""
+    j h_e + i is slot j's expert unit i (Q.24), unit k h_e + i the shared expert's (Q.36);
+    then the number of matmul outputs outside the shared GEMM's exact domain, 0 in the
+    domain above)."""
     n_tok = x.shape[0]
-    d = x.shape[1]
     n = w_r.shape[0]
-    d_l = w_down.shape[0]
     h = w1.shape[1]
     h_s = ws1.shape[0]
     m_all = k * h + h_s  # SiTU units per token
@@ -220,19 +256,22 @@ def moe_fwd_route(x, w_r, bias, w_down, w1, w3, ws1, ws3, k, rsf):
     idx = np.zeros((n_tok, k), dtype=np.int64)
     ssel = np.zeros((n_tok, k), dtype=np.int64)
     wts = np.zeros((n_tok, k), dtype=np.int64)
-    z = np.zeros((n_tok, d_l), dtype=np.int64)
     s62 = np.zeros((n_tok, n), dtype=np.int64)
     pre_g = np.zeros((n_tok, m_all), dtype=np.int64)  # SiTU inputs: experts Q.24, shared Q.36
     pre_u = np.zeros((n_tok, m_all), dtype=np.int64)
-    # pass 1: the router, z, and every SiTU input
+    bad = np.zeros(1, dtype=np.int64)
+    xc = x.copy()
+    # the router's logits W_r x (exact Q.36); z = W_down x (Q.36 rounded to Q.24); the shared
+    # expert's ws1 x, ws3 x (exact Q.36): the shared GEMM
+    logits = matmul(xc, w_r, 0, bad)
+    z = matmul(xc, w_down, XW_FRAC - A_FRAC, bad)
+    sg_all = matmul(xc, ws1, 0, bad)
+    su_all = matmul(xc, ws3, 0, bad)
+    # pass 1: the router's scores and selection
     # omp parallel for
     for t in range(n_tok):
         for e in range(n):
-            acc = 0
-            # logit_e = W_r[e] . x, exact in Q.36
-            for i in range(d):
-                acc += int(w_r[e, i]) * int(x[t, i])
-            s62[t, e] = sigmoid_q62(acc, int(XW_FRAC))
+            s62[t, e] = sigmoid_q62(int(logits[t, e]), int(XW_FRAC))
             s40[t, e] = rshift_round(int(s62[t, e]), int(62 - BIAS_FRAC))
         taken = np.zeros(n, dtype=np.int64)
         # k passes: the largest biased score not yet taken; strict > keeps the lower index on a tie
@@ -257,33 +296,26 @@ def moe_fwd_route(x, w_r, bias, w_down, w1, w3, ws1, ws3, k, rsf):
             if total > 0:
                 p = div_round_shift(sw, total, int(P_FRAC))
             wts[t, j] = mul_round(p, int(rsf), int(W_FRAC))
-        # z = W_down x: exact Q.36, rounded to Q.24
-        for m in range(d_l):
-            acc = 0
-            for i in range(d):
-                acc += int(w_down[m, i]) * int(x[t, i])
-            z[t, m] = rshift_round(acc, XW_FRAC - A_FRAC)
-        # g = w1 z, u = w3 z: exact Q.44 sums, rounded to Q.24
-        for j in range(k):
-            e = int(idx[t, j])
-            for i in range(h):
-                acc_g = 0
-                acc_u = 0
-                for m in range(d_l):
-                    acc_g += int(w1[e, i, m]) * int(z[t, m])
-                    acc_u += int(w3[e, i, m]) * int(z[t, m])
-                pre_g[t, j * h + i] = rshift_round(acc_g, W_FRAC)
-                pre_u[t, j * h + i] = rshift_round(acc_u, W_FRAC)
-        # shared expert: ws1 x, ws3 x, exact in Q.36
         for i in range(h_s):
-            acc_g = 0
-            acc_u = 0
-            for m in range(d):
-                acc_g += int(ws1[i, m]) * int(x[t, m])
-                acc_u += int(ws3[i, m]) * int(x[t, m])
-            pre_g[t, k * h + i] = acc_g
-            pre_u[t, k * h + i] = acc_u
-    return s40, idx, ssel, wts, z, pre_g, pre_u
+            pre_g[t, k * h + i] = sg_all[t, i]
+            pre_u[t, k * h + i] = su_all[t, i]
+    # g = w1 z, u = w3 z for each expert's slots: exact Q.44 sums, rounded to Q.24
+    start, slots, tokens = expert_slots(idx, n)
+    for e in range(n):
+        lo_r = int(start[e])
+        hi_r = int(start[e + 1])
+        if hi_r > lo_r:
+            z_e = gather(z, tokens, lo_r, hi_r)
+            g_e = matmul(z_e, expert(w1, e), W_FRAC, bad)
+            u_e = matmul(z_e, expert(w3, e), W_FRAC, bad)
+            for r in range(lo_r, hi_r):
+                sl = int(slots[r])
+                t = sl // k
+                j = sl - t * k
+                for i in range(h):
+                    pre_g[t, j * h + i] = g_e[r - lo_r, i]
+                    pre_u[t, j * h + i] = u_e[r - lo_r, i]
+    return s40, idx, ssel, wts, z, pre_g, pre_u, int(bad[0])
 
 
 # pythran export moe_situ_fwd(int64[:,:] order(C), int64[:,:] order(C), int64, int64)
@@ -332,34 +364,38 @@ def moe_situ_fwd(pre_g, pre_u, k, h):
 #     int64[:,:] order(C))
 def moe_fwd_out(idx, wts, a, w2, w_n, w_up, ws2, a_s):
     """Forward pass 3: E, the combine, the latent RMSNorm and the output: (y [N, d] Q.16,
-    E [N k, d_l], chat [N, d_l], rinv [N, 2], r [N, d_l])."""
+    E [N k, d_l], chat [N, d_l], rinv [N, 2], r [N, d_l], matmul outputs outside the shared
+    GEMM's exact domain)."""
     n_tok = idx.shape[0]
     k = idx.shape[1]
     d = w_up.shape[0]
     d_l = w2.shape[1]
-    h = w2.shape[2]
     h_s = ws2.shape[1]
-    y = np.zeros((n_tok, d), dtype=np.int64)
     big_e = np.zeros((n_tok * k, d_l), dtype=np.int64)
     c = np.zeros((n_tok, d_l), dtype=np.int64)
     chat = np.zeros((n_tok, d_l), dtype=np.int64)
     rinv = np.zeros((n_tok, 2), dtype=np.int64)
     r = np.zeros((n_tok, d_l), dtype=np.int64)
-    # pass 3: E, the combine, the latent RMSNorm and the output
+    bad = np.zeros(1, dtype=np.int64)
+    # E = w2 a for each expert's slots (exact Q.44, the shared GEMM); c += w_j E, one rounding
+    # per slot into Q.24
+    start, slots, _ = expert_slots(idx, w2.shape[0])
+    for e in range(w2.shape[0]):
+        lo_r = int(start[e])
+        hi_r = int(start[e + 1])
+        if hi_r > lo_r:
+            acc_e = matmul(gather(a, slots, lo_r, hi_r), expert(w2, e), 0, bad)
+            for r_ in range(lo_r, hi_r):
+                sl = int(slots[r_])
+                t = sl // k
+                wj = int(wts[t, sl - t * k])
+                for m in range(d_l):
+                    acc = int(acc_e[r_ - lo_r, m])
+                    big_e[sl, m] = rshift_round(acc, W_FRAC)
+                    c[t, m] += mul_round(wj, acc, P_FRAC + W_FRAC)
+    # the latent RMSNorm: r = w_n c / rho: chat = c / rho in Q.24, then r = w_n chat
     # omp parallel for
     for t in range(n_tok):
-        for j in range(k):
-            e = int(idx[t, j])
-            sl = t * k + j
-            # E = w2 a (exact Q.44); c += w_j E, one rounding per slot into Q.24
-            wj = int(wts[t, j])
-            for m in range(d_l):
-                acc = 0
-                for i in range(h):
-                    acc += int(w2[e, m, i]) * int(a[sl, i])
-                big_e[sl, m] = rshift_round(acc, W_FRAC)
-                c[t, m] += mul_round(wj, acc, P_FRAC + W_FRAC)
-        # r = w_n c / rho: chat = c / rho in Q.24, then r = w_n chat
         rh, re = rms_inverse(c, t)
         rinv[t, 0] = rh
         rinv[t, 1] = re
@@ -369,15 +405,21 @@ def moe_fwd_out(idx, wts, a, w2, w_n, w_up, ws2, a_s):
         for m in range(d_l):
             chat[t, m] = mul_round(int(c[t, m]), rh, re_c)
             r[t, m] = rshift_round(int(w_n[m]) * int(chat[t, m]), W_FRAC)
-        # y = W_up r + ws2 a_s: one exact Q.44 sum, one rounding into Q.16
-        for o in range(d):
-            acc = 0
-            for m in range(d_l):
-                acc += int(w_up[o, m]) * int(r[t, m])
-            for i in range(h_s):
-                acc += int(ws2[o, i]) * int(a_s[t, i])
-            y[t, o] = rshift_round(acc, A_FRAC + W_FRAC - ACT_FRAC)
-    return y, big_e, chat, rinv, r
+    # y = W_up r + ws2 a_s: one exact Q.44 sum (one GEMM over [r | a_s]), one rounding to Q.16
+    ra = np.zeros((n_tok, d_l + h_s), dtype=np.int64)
+    w_cat = np.zeros((d, d_l + h_s), dtype=np.int64)
+    for t in range(n_tok):
+        for m in range(d_l):
+            ra[t, m] = r[t, m]
+        for i in range(h_s):
+            ra[t, d_l + i] = a_s[t, i]
+    for o in range(d):
+        for m in range(d_l):
+            w_cat[o, m] = w_up[o, m]
+        for i in range(h_s):
+            w_cat[o, d_l + i] = ws2[o, i]
+    y = matmul(ra, w_cat, A_FRAC + W_FRAC - ACT_FRAC, bad)
+    return y, big_e, chat, rinv, r, int(bad[0])
 
 
 # == backward ====================================================================================
@@ -460,37 +502,29 @@ def router_backward(t, ssel, dwj, rsf):
 def moe_bwd_latent(dy, w_up, ws2, w_n, w2, rsf, idx, ssel, wts, big_e, chat, rinv, h_s):
     """Backward pass 1 for dy [N, d] Q.24: dr, da_s, the RMSNorm's backward, dE, da and the
     router's logit gradients: (dr [N, d_l], d_e [N k, d_l], da_all [N, k h + h_s] (every SiTU
-    unit's dL/da, Q.28, units as moe_fwd_route's), dlog [N k, 1]), Q.28."""
+    unit's dL/da, Q.28, units as moe_fwd_route's), dlog [N k, 1]), Q.28, and the matmul
+    outputs outside the shared GEMM's exact domain."""
     n_tok = dy.shape[0]
-    d = dy.shape[1]
     d_l = w2.shape[1]
     h = w2.shape[2]
     k = idx.shape[1]
     m_all = k * h + h_s
-    dr = np.zeros((n_tok, d_l), dtype=np.int64)
     d_e = np.zeros((n_tok * k, d_l), dtype=np.int64)
     dlog = np.zeros((n_tok * k, 1), dtype=np.int64)
     da_all = np.zeros((n_tok, m_all), dtype=np.int64)  # dL/da of every SiTU unit, Q.28
-    # pass 1: dr, da_s, the RMSNorm's backward, dE, da and the router's logit gradients
+    bad = np.zeros(1, dtype=np.int64)
+    dyc = dy.copy()
+    # dr = W_up^T dy, da_s = ws2^T dy: exact Q.44 (the shared GEMM), rounded to Q.28
+    dr = matmul(dyc, transpose(w_up), A_FRAC + W_FRAC - G_FRAC, bad)
+    dsa = matmul(dyc, transpose(ws2), A_FRAC + W_FRAC - G_FRAC, bad)
+    # pass 1: the RMSNorm's backward, dE and the router's logit gradients
     # omp parallel for
     for t in range(n_tok):
-        dra = np.zeros(d_l, dtype=np.int64)
-        dsa = np.zeros(h_s, dtype=np.int64)
-        # dr = W_up^T dy, da_s = ws2^T dy: exact Q.44
-        for o in range(d):
-            dv = int(dy[t, o])
-            for m in range(d_l):
-                dra[m] += int(w_up[o, m]) * dv
-            for i in range(h_s):
-                dsa[i] += int(ws2[o, i]) * dv
-        for m in range(d_l):
-            dr[t, m] = rshift_round(int(dra[m]), A_FRAC + W_FRAC - G_FRAC)
         for i in range(h_s):
-            da_all[t, k * h + i] = rshift_round(int(dsa[i]), A_FRAC + W_FRAC - G_FRAC)
+            da_all[t, k * h + i] = dsa[t, i]
         dc = norm_backward(dr, chat, w_n, int(rinv[t, 0]), int(rinv[t, 1]), t)
         dwj = np.zeros(k, dtype=np.int64)
         for j in range(k):
-            e = int(idx[t, j])
             sl = t * k + j
             wj = int(wts[t, j])
             acc = 0
@@ -499,19 +533,24 @@ def moe_bwd_latent(dy, w_up, ws2, w_n, w2, rsf, idx, ssel, wts, big_e, chat, rin
                 acc += mul_round(int(dc[m]), int(big_e[sl, m]), A_FRAC)
                 d_e[sl, m] = mul_round(wj, int(dc[m]), P_FRAC)
             dwj[j] = acc
-            daa = np.zeros(h, dtype=np.int64)
-            # da = w2^T dE (Q.48), rounded to Q.28
-            for m in range(d_l):
-                dv = int(d_e[sl, m])
-                for i in range(h):
-                    daa[i] += int(w2[e, m, i]) * dv
-            for i in range(h):
-                da_all[t, j * h + i] = rshift_round(int(daa[i]), W_FRAC)
         # the router, through the weights
         dl = router_backward(t, ssel, dwj, rsf)
         for j in range(k):
             dlog[t * k + j, 0] = dl[j]
-    return dr, d_e, da_all, dlog
+    # da = w2^T dE for each expert's slots (Q.48, the shared GEMM), rounded to Q.28
+    start, slots, _ = expert_slots(idx, w2.shape[0])
+    for e in range(w2.shape[0]):
+        lo_r = int(start[e])
+        hi_r = int(start[e + 1])
+        if hi_r > lo_r:
+            da_e = matmul(gather(d_e, slots, lo_r, hi_r), transpose(expert(w2, e)), W_FRAC, bad)
+            for r_ in range(lo_r, hi_r):
+                sl = int(slots[r_])
+                t = sl // k
+                j = sl - t * k
+                for i in range(h):
+                    da_all[t, j * h + i] = da_e[r_ - lo_r, i]
+    return dr, d_e, da_all, dlog, int(bad[0])
 
 
 # pythran export moe_situ_bwd(int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64)
@@ -561,7 +600,8 @@ def moe_situ_bwd(parts, sparts, da_all, k):
 #     int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C),
 #     int64[:,:] order(C))
 def moe_bwd_dx(w_r, w_down, w1, w3, ws1, ws3, idx, dg, du, dgs, dus, dlog):
-    """Backward pass 3: (dx [N, d] Q.24, dz [N, d_l] Q.28): dz = w1^T dg + w3^T du and
+    """Backward pass 3: (dx [N, d] Q.24, dz [N, d_l] Q.28, matmul outputs outside the shared
+    GEMM's exact domain): dz = w1^T dg + w3^T du and
     dx = ws1^T dgs + ws3^T dus + W_down^T dz + W_r^T dlogit."""
     n_tok = idx.shape[0]
     k = idx.shape[1]
@@ -569,41 +609,57 @@ def moe_bwd_dx(w_r, w_down, w1, w3, ws1, ws3, idx, dg, du, dgs, dus, dlog):
     d_l = w_down.shape[0]
     h = w1.shape[1]
     h_s = ws1.shape[0]
-    dx = np.zeros((n_tok, d), dtype=np.int64)
-    dz = np.zeros((n_tok, d_l), dtype=np.int64)
-    # pass 3: dz = w1^T dg + w3^T du; dx = ws1^T dgs + ws3^T dus + W_down^T dz + W_r^T dlogit
-    # omp parallel for
-    for t in range(n_tok):
-        dxa = np.zeros(d, dtype=np.int64)  # dx in Q.48
-        dza = np.zeros(d_l, dtype=np.int64)  # dz in Q.48
-        for i in range(h_s):
-            vg = int(dgs[t, i])
-            vu = int(dus[t, i])
-            for m in range(d):
-                dxa[m] += int(ws1[i, m]) * vg + int(ws3[i, m]) * vu
-        for j in range(k):
-            e = int(idx[t, j])
-            sl = t * k + j
-            for i in range(h):
-                vg = int(dg[sl, i])
-                vu = int(du[sl, i])
+    n = w_r.shape[0]
+    bad = np.zeros(1, dtype=np.int64)
+    # dz = w1^T dg + w3^T du: per expert, one exact GEMM over [dg | du] against [w1^T | w3^T]
+    # (Q.48); the slots' sums per token, exact, then one rounding to Q.28
+    dza = np.zeros((n_tok, d_l), dtype=np.int64)
+    start, slots, _ = expert_slots(idx, n)
+    for e in range(n):
+        lo_r = int(start[e])
+        hi_r = int(start[e + 1])
+        if hi_r > lo_r:
+            gu = np.zeros((hi_r - lo_r, 2 * h), dtype=np.int64)
+            for r_ in range(lo_r, hi_r):
+                sl = int(slots[r_])
+                for i in range(h):
+                    gu[r_ - lo_r, i] = dg[sl, i]
+                    gu[r_ - lo_r, h + i] = du[sl, i]
+            w13 = np.zeros((d_l, 2 * h), dtype=np.int64)
+            for m in range(d_l):
+                for i in range(h):
+                    w13[m, i] = w1[e, i, m]
+                    w13[m, h + i] = w3[e, i, m]
+            dz_e = matmul(gu, w13, 0, bad)
+            for r_ in range(lo_r, hi_r):
+                t = int(slots[r_]) // k
                 for m in range(d_l):
-                    dza[m] += int(w1[e, i, m]) * vg + int(w3[e, i, m]) * vu
-        # dx += W_down^T dz
+                    dza[t, m] += dz_e[r_ - lo_r, m]
+    # dx = ws1^T dgs + ws3^T dus + W_down^T dz + W_r^T dlogit: one exact GEMM (Q.48) over
+    # [dgs | dus | dz | dlogit scattered to its experts], one rounding to Q.24
+    n_c = 2 * h_s + d_l + n
+    gcat = np.zeros((n_tok, n_c), dtype=np.int64)
+    dz = np.zeros((n_tok, d_l), dtype=np.int64)
+    for t in range(n_tok):
+        for i in range(h_s):
+            gcat[t, i] = dgs[t, i]
+            gcat[t, h_s + i] = dus[t, i]
         for m in range(d_l):
-            dz[t, m] = rshift_round(int(dza[m]), W_FRAC)
-            dv = int(dz[t, m])
-            for i in range(d):
-                dxa[i] += int(w_down[m, i]) * dv
-        # the router, through the weights: dx += W_r^T dlogit
+            dz[t, m] = rshift_round(int(dza[t, m]), W_FRAC)
+            gcat[t, 2 * h_s + m] = dz[t, m]
         for j in range(k):
-            e = int(idx[t, j])
-            dv = int(dlog[t * k + j, 0])
-            for i in range(d):
-                dxa[i] += int(w_r[e, i]) * dv
-        for i in range(d):
-            dx[t, i] = rshift_round(int(dxa[i]), G_FRAC + W_FRAC - GRAD_FRAC)
-    return dx, dz
+            gcat[t, 2 * h_s + d_l + int(idx[t, j])] = dlog[t * k + j, 0]
+    wcat = np.zeros((d, n_c), dtype=np.int64)
+    for i in range(d):
+        for q in range(h_s):
+            wcat[i, q] = ws1[q, i]
+            wcat[i, h_s + q] = ws3[q, i]
+        for m in range(d_l):
+            wcat[i, 2 * h_s + m] = w_down[m, i]
+        for e in range(n):
+            wcat[i, 2 * h_s + d_l + e] = w_r[e, i]
+    dx = matmul(gcat, wcat, G_FRAC + W_FRAC - GRAD_FRAC, bad)
+    return dx, dz, int(bad[0])
 
 
 # pythran export moe_wgrad(int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C),

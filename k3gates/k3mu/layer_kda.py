@@ -72,31 +72,43 @@ def _check(flags: np.ndarray, where: str) -> None:
         )
 
 
+def _check_gemm(outside: int, where: str) -> None:
+    if outside:
+        raise StateDomainError(
+            f"kernels_kda.{where}: {int(outside)} projection outputs outside the shared GEMM's "
+            "exact int64 domain (k3gates/gemm); check the inputs' magnitudes"
+        )
+
+
 def forward(mod, x: np.ndarray, p: dict) -> tuple[np.ndarray, tuple]:
     """y [B, T, d] Q.16 and the cache for backward, from x [B, T, d] Q.16 and Q.20 weights."""
     dk = p["norm_w"].shape[0]
-    u, c, z = mod.kda_fwd_lin(
+    u, c, z, outside = mod.kda_fwd_lin(
         _c(x), p["w_qkv"], p["conv"], p["w_b"], p["w_f"], p["dt_bias"], p["a_head"], p["w_go"], dk
     )
+    _check_gemm(outside, "kda_fwd_lin")
     act, gs, sg, ga, beta = mod.kda_fwd_act(c, z)
     qkv, nrm, alpha, flags = mod.kda_fwd_qkv(act, ga, dk)
     _check(flags, "kda_fwd_qkv")
     S, o, flags = mod.kda_fwd_rec(qkv, alpha, beta)
     _check(flags, "kda_fwd_rec")
     ms = mod.kda_fwd_rms(o, dk)
-    y, oh, rn, gated = mod.kda_fwd_out(o, gs, p["norm_w"], p["w_o"], ms)
+    y, oh, rn, gated, outside = mod.kda_fwd_out(o, gs, p["norm_w"], p["w_o"], ms)
+    _check_gemm(outside, "kda_fwd_out")
     return y, (u, c, qkv, nrm, alpha, sg, beta, S, o, oh, rn, gs, gated)
 
 
 def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
     """(dx [B, T, d] Q.24, gradients Q.24 of every trained weight) from dy [B, T, d] Q.24."""
     u, c, qkv, nrm, alpha, sg, beta, S, _o, oh, rn, gs, gated = cache
-    do, dgz, g_o, g_nw = mod.kda_bwd_out(_c(dy), gated, oh, rn, gs, p["norm_w"], p["w_o"])
+    do, dgz, g_o, g_nw, outside = mod.kda_bwd_out(_c(dy), gated, oh, rn, gs, p["norm_w"], p["w_o"])
+    _check_gemm(outside, "kda_bwd_out")
     dqkv, dal, dbt, flags = mod.kda_bwd_rec(do, qkv, alpha, beta, S)
     _check(flags, "kda_bwd_rec")
-    dx, g_qkv, g_conv, g_b, g_f, g_dt, g_go = mod.kda_bwd_in(
+    dx, g_qkv, g_conv, g_b, g_f, g_dt, g_go, outside = mod.kda_bwd_in(
         dqkv, dal, dbt, dgz, _c(x), u, c, qkv, nrm, alpha, sg, beta, p["a_head"],
         p["w_qkv"], p["conv"], p["w_b"], p["w_f"], p["w_go"],
     )  # fmt: skip
+    _check_gemm(outside, "kda_bwd_in")
     grads = {"w_qkv": g_qkv, "conv": g_conv, "w_b": g_b, "w_f": g_f, "dt_bias": g_dt}
     return dx, grads | {"norm_w": g_nw, "w_go": g_go, "w_o": g_o}

@@ -82,19 +82,28 @@ def _c(v: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(v)  # a wrong dtype is refused by the kernel, never cast
 
 
+def _check_gemm(outside: int, where: str) -> None:
+    if outside:
+        raise ValueError(
+            f"kernels_moe, {where}: {int(outside)} matmul outputs outside the shared GEMM's "
+            "exact int64 domain (k3gates/gemm); check the inputs' magnitudes"
+        )
+
+
 def forward(mod, x: np.ndarray, p: dict) -> tuple[np.ndarray, tuple]:
     """y [B, T, d] Q.16 and the cache (s40, idx, ssel, wts, z, parts, a, E, chat, rinv, r,
     sparts, a_s): kernels_moe's three forward passes, their arrays handed from one to the next."""
     b, t, d = x.shape
     x2 = _c(x.reshape(b * t, d))
-    s40, idx, ssel, wts, z, pre_g, pre_u = mod.moe_fwd_route(
+    s40, idx, ssel, wts, z, pre_g, pre_u, out1 = mod.moe_fwd_route(
         x2, _c(p["w_r"]), _c(p["bias"]), _c(p["w_down"]), _c(p["w1"]), _c(p["w3"]),
         _c(p["ws1"]), _c(p["ws3"]), TOP_K, RSF_Q20,
     )  # fmt: skip
     parts, a, sparts, a_s = mod.moe_situ_fwd(pre_g, pre_u, TOP_K, p["w1"].shape[1])
-    y, big_e, chat, rinv, r = mod.moe_fwd_out(
+    y, big_e, chat, rinv, r, out2 = mod.moe_fwd_out(
         idx, wts, a, _c(p["w2"]), _c(p["w_n"]), _c(p["w_up"]), _c(p["ws2"]), a_s
     )
+    _check_gemm(out1 + out2, "the forward")
     cache = (s40, idx, ssel, wts, z, parts, a, big_e, chat, rinv, r, sparts, a_s)
     return y.reshape(b, t, d), cache
 
@@ -106,15 +115,16 @@ def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
     _s40, idx, ssel, wts, z, parts, a, big_e, chat, rinv, r, sparts, a_s = cache
     dy2 = _c(dy.reshape(b * t, d))
     x2 = _c(x.reshape(b * t, d))
-    dr, d_e, da_all, dlog = mod.moe_bwd_latent(
+    dr, d_e, da_all, dlog, out1 = mod.moe_bwd_latent(
         dy2, _c(p["w_up"]), _c(p["ws2"]), _c(p["w_n"]), _c(p["w2"]), RSF_Q20,
         idx, ssel, wts, big_e, chat, rinv, p["ws1"].shape[0],
     )  # fmt: skip
     dg, du, dgs, dus = mod.moe_situ_bwd(parts, sparts, da_all, idx.shape[1])
-    dx, dz = mod.moe_bwd_dx(
+    dx, dz, out2 = mod.moe_bwd_dx(
         _c(p["w_r"]), _c(p["w_down"]), _c(p["w1"]), _c(p["w3"]), _c(p["ws1"]), _c(p["ws3"]),
         idx, dg, du, dgs, dus, dlog,
     )  # fmt: skip
+    _check_gemm(out1 + out2, "the backward")
     grads = mod.moe_wgrad(
         dy2, x2, idx, z, a, chat, r, a_s, dr, d_e, dg, du, dlog, dgs, dus, dz, p["w_r"].shape[0]
     )
