@@ -9,6 +9,8 @@ comparison catches that class of bug (acceptance point 3 of issue 3).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +125,21 @@ def test_the_comparison_catches_negative_divisors(tmp_path, monkeypatch):
     assert bit_equal(compiled.floor_div_mod(a, pos), interpreted.floor_div_mod(a, pos))
     assert interpreted.floor_div_mod(a, -pos)[0].tolist() == [-4, 3, -3, 2, -1, 0]
     assert not bit_equal(compiled.floor_div_mod(a, -pos), interpreted.floor_div_mod(a, -pos))
+
+
+def test_div_round_shift_ends_outside_its_domain(fx):
+    """Divisors of 2^61 and more are outside div_round_shift's domain; its long division once
+    took chunks of 62 - bitlen(d) = 0 bits there and never ended (a faulted AdamW step hung
+    until its gate's timeout). Outside the domain the value is unspecified, but both the
+    compiled and the interpreted kernel must return, each within a generous 120 s."""
+    args = "[2**61, 2**61 + 7, 2**62, 2**63 - 1], [1, 2**40, 5, 2**62], [70, 64, 3, 100]"
+    calls = {
+        "compiled": f"kc.load({FX!r}).div_round_shift_array(*(np.array(v) for v in ({args})))",
+        # the scalar kernel: its quotients outgrow int64, which only Python's ints can hold
+        "interpreted": f"[kc.interpreted({FX!r}).div_round_shift(n, d, s) for d, n, s in "
+        f"zip({args})]",
+    }
+    for how, call in calls.items():
+        code = f"import numpy as np; from k3gates import compile as kc; {call}"
+        done = subprocess.run([sys.executable, "-c", code], timeout=120, capture_output=True)
+        assert done.returncode == 0, f"{how}: {done.stderr.decode()[-400:]}"

@@ -272,11 +272,13 @@ def div_round_shift(n, d, s):
     """n * 2**s / d rounded half away from zero, by long division. Exact.
 
     Domain n >= 0, 1 <= d < 2**61, s >= 0, result < 2**62. The quotient is extended by chunks of
-    62 - bitlen(d) bits, so the shifted remainder (< d) never exceeds 2**62.
+    62 - bitlen(d) bits, so the shifted remainder (< d) never exceeds 2**62. Outside the domain
+    the result is unspecified, but the loop still ends: a chunk is at least 1 bit (a divisor of
+    2**61 or more once made it 0 bits, and a faulted training step spun forever).
     """
     q = n // d
     r = n - q * d
-    room = 62 - bitlen(d)
+    room = max(62 - bitlen(d), 1)
     left = s
     # long division, c bits at a time: q <- q 2^c + (r 2^c) // d, r <- (r 2^c) % d
     while left > 0:
