@@ -39,8 +39,10 @@ class Rerun:
     """The whole training running in a fresh process, started by `start_rerun`; `digest()` waits
     for it. A daemon thread, so a gate that fails before asking does not wait for it."""
 
-    def __init__(self, mod: str, func: str, args: tuple, threads: int, python: bool) -> None:
-        self.func, self.threads = func, threads
+    def __init__(self, mod: str, func: str, args: tuple, python: bool) -> None:
+        # the gate's own run keeps this process's thread count; the rerun takes the other one
+        self.here = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+        self.func, self.threads = func, 2 if self.here == 1 else 1
         self._digest: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(mod, args, python), daemon=True)
@@ -72,11 +74,9 @@ def start_rerun(
     """Start the fresh-process rerun of kernel `func(*args)` (or, with `python_module`, of that
     Python module's training loop) at the other OpenMP thread count. Call it before the gate's
     own run of the same arguments, and pass the handle to `check_training`."""
-    here = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
-    other = 2 if here == 1 else 1
     mod = python_module or ctx._modname(modname)
     # a copy: the gate's own run may not change what the fresh process is given
-    return Rerun(mod, func, copy.deepcopy(args), other, python_module is not None)
+    return Rerun(mod, func, copy.deepcopy(args), python_module is not None)
 
 
 def check_training(
@@ -151,9 +151,8 @@ def check_training(
         threshold=threshold,
         helper="k3gates.training",
     )
-    here = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     runs = {
-        f"this process (OMP_NUM_THREADS={here})": digest(*_as_tuple(first)),
+        f"this process (OMP_NUM_THREADS={rerun.here})": digest(*_as_tuple(first)),
         f"fresh process (OMP_NUM_THREADS={rerun.threads})": rerun.digest(),
     }
     ok &= ctx.check_digests(

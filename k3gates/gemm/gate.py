@@ -7,7 +7,8 @@ Cauchy-Schwarz guard, and the int64 path with clamping), every shape remainder o
 (M not a multiple of TILE_M, N not a multiple of NR, K longer than TILE_K), and the extremes:
 rows of -2^15 and 2^15 - 1, powers of two +- {0, 1, 2}, sums landing exactly on 2^31 - 1, 2^31
 and -2^31; for gemm_i64, elements out to 2^62 - 1, row pairs on both sides of its Hoelder domain
-and every rounding shift class.
+and every rounding shift class; for sum_outer (a weight gradient's token sum), sums beyond
+int64 held exactly in two limbs.
 
 Like the fx gates it counts toward no innovation (innovation=None): every gate whose kernels
 import k3gates.gemm.kernels fails when it fails (runner.apply_requirements). It also records the
@@ -41,7 +42,12 @@ SPEED_N = 512  # the speed artifact's square size (issue 14 aims at >= 0.5x sgem
     innovation=None,
     level="HAVE",
     kernels=["k3gates.gemm.kernels"],
-    bounds={"i16_random": EXACT_LSB, "i16_edges": EXACT_LSB, "i64_exact": EXACT_LSB},
+    bounds={
+        "i16_random": EXACT_LSB,
+        "i16_edges": EXACT_LSB,
+        "i64_exact": EXACT_LSB,
+        "sum_outer_exact": EXACT_LSB,
+    },
     timeout=240,
 )
 def gemm_exact(ctx: GateContext) -> None:
@@ -52,6 +58,7 @@ def gemm_exact(ctx: GateContext) -> None:
     n16 = _check_i16_random(ctx, k, rng)
     n_edge = _check_i16_edges(ctx, k)
     n64 = _check_i64(ctx, k, rng)
+    n_sum = _check_sum_outer(ctx, k, rng)
     _check_compiled(ctx, rng)
     _check_order(ctx, k, rng)
     x = _q14_rows(rng, 256, 256)
@@ -66,7 +73,8 @@ def gemm_exact(ctx: GateContext) -> None:
     speed = _speed(k, rng)
     ctx.artifact("speed", speed)
     ctx.evidence(
-        f"{n16 + n_edge:,} int16 and {n64:,} int64 outputs exact, both int16 paths and every "
+        f"{n16 + n_edge:,} int16, {n64:,} int64 and {n_sum:,} two-limb token-sum outputs "
+        "exact, both int16 paths and every "
         f"tile remainder; gemm_i16 at {SPEED_N}^2 ran at {speed['i16_gmacs']:.1f} G multiply-"
         f"adds/s, {speed['ratio']:.2f}x numpy float32 @ in the same process"
     )
@@ -271,6 +279,52 @@ def _check_i64(ctx: GateContext, k, rng: np.random.Generator) -> int:
     return int(g.size)
 
 
+def _sum_outer_cases(rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray, tuple]]:
+    """(G [R, P], A [R, Q], shifts): token sums inside int64 (every shift), and beyond it, to
+    2^76.2, at shifts that bring the result back into int64."""
+    return [
+        (_i64_operands(rng, 37, 9, 30), _i64_operands(rng, 37, 70, 24), (0, 1, 24, 62)),
+        (_i64_operands(rng, 300, 5, 40), _i64_operands(rng, 300, 6, 28), (14, 24, 62)),
+        (np.full((300, 2), 2**40 - 1), np.full((300, 3), -(2**28)), (14, 24, 62)),
+    ]
+
+
+def _check_sum_outer(ctx: GateContext, k, rng: np.random.Generator) -> int:
+    got, want, outside, top = [], [], 0, 0
+    for g, a, shifts in _sum_outer_cases(rng):
+        g, a = g.astype(np.int64), a.astype(np.int64)
+        exact = (g.astype(object).T @ a.astype(object)).ravel()
+        top = max(top, max(abs(int(v)) for v in exact))
+        for s in shifts:
+            c, o = k.sum_outer(g, a, s)
+            got.append(c.ravel())
+            want.extend(ref.sum_outer(g, a, s))
+            outside += o
+    g_all = np.concatenate(got)
+    ctx.check_reference(
+        "sum_outer_exact",
+        "sum_outer equals G^T A rounded by 2^shift half away from zero, exactly (Python "
+        "integers), for shifts 0 to 62, including token sums beyond int64 (to 2^76.2)",
+        _words(g_all),
+        _words(np.array(want, dtype=np.int64)),
+        unit=WORDS,
+        function="sum_outer",
+        input_format="int64 G [R, P], A [R, Q], shift 0..62",
+        output_format="int64 [P, Q]",
+        domain="R max|G| max|A| < 2^78, R 2^16 max|A| < 2^62, the result within int64",
+        largest_exact_sum_bits=top.bit_length(),
+    )
+    ctx.check(
+        "sum_outer_inside",
+        "every sum_outer case lies inside the domain its docstring states, and the kernel "
+        "counts no limb output outside gemm_i64's domain, with a sum beyond int64 among them",
+        outside == 0 and top >= 2**63,
+        message=f"{outside} limb outputs outside; largest |sum| 2^{top.bit_length()}",
+        outside=int(outside),
+    )
+    return int(g_all.size)
+
+
 def _words(v: np.ndarray) -> np.ndarray:
     """int64 values as their high (signed) and low (unsigned) 32-bit words: exact in float64."""
     v = np.asarray(v, dtype=np.int64)
@@ -309,6 +363,16 @@ def _check_compiled(ctx: GateContext, rng: np.random.Generator) -> None:
             f"extremes +-(2^62 - 1), 2^62, -2^63 padded), at shift {s}, which reaches the "
             "four-row micro-kernel, the one-pair path, and pairs outside the domain",
         )
+    g, a = _i64_operands(rng, 40, 6, 40), _i64_operands(rng, 40, 7, 28)
+    ctx.check_compiled_matches_interpreted(
+        "compiled_sum_outer",
+        "sum_outer",
+        g,
+        a,
+        24,
+        inputs="a slice: G 40 x 6 out to 2^40 against A 40 x 7 out to 2^28 at shift 24 (both "
+        "limbs, negative limb sums, the two-limb rounding)",
+    )
 
 
 def _check_order(ctx: GateContext, k, rng: np.random.Generator) -> None:

@@ -13,6 +13,13 @@ the layout a training matmul already has for X W^T (W stored [out, in]) and for 
         (a shift outside is clamped into it; the library face refuses one),
         for every output whose row pair is in the domain (below); an output outside it is set
         to 0 and counted in `outside`: 0 means every output is exact.
+    sum_outer(G int64 [R, P], A int64 [R, Q], shift) -> (C int64 [P, Q], outside)
+        C = rshift_round(G^T A, shift): a weight gradient's sum over R tokens, exact even where
+        the sum exceeds int64 (two limbs of G, two gemm_i64 calls, one rounding); `outside`
+        counts limb outputs outside gemm_i64's domain (0: every output exact).
+
+The training kernels share the layout helpers below (`transpose`, `token_rows`), so that one
+copy of each exists.
 
 Why int32 sums cannot overflow (gemm_i16). Any partial sum of a . b, over any subset of k in
 any order (SIMD lanes, vpmaddwd's pairs, K blocks accumulated into C), obeys
@@ -57,6 +64,8 @@ I64_MAX = 9223372036854775807  # 2**63 - 1
 I64_ELEM_LIMIT = 4611686018427387904  # 2**62: gemm_i64 needs |element| < 2^62
 HOELDER_LIMIT = 4611686018427387904  # 2**62: gemm_i64 needs min(|a|_1 |b|_inf, ..) < 2^62
 MAX_SHIFT = 62  # gemm_i64's shift range is 0..MAX_SHIFT
+SUM_LIMB = 16  # sum_outer splits G as (G >> 16) 2^16 + (G & 0xFFFF)
+SUM_MASK = 65535  # 2**16 - 1
 # -- tiling --------------------------------------------------------------------------------------
 TILE_M = 64  # rows of A per parallel tile: TILE_M x TILE_K int16 = 256 KiB, half of L2
 TILE_K = 2048  # K block: a B micro-panel (4 rows) is 16 KiB, half of L1d
@@ -305,3 +314,87 @@ def gemm_i64(a, b, shift):
             for j in range(n):
                 acc[i, j] = rshift_round(int(acc[i, j]), s) if ok[i, j] else 0
     return acc, m * n - int(np.sum(ok))
+
+
+# == layouts and token sums ======================================================================
+def transpose(a):
+    """A^T as a new C-order int64 array: the GEMM reduces along rows of both operands."""
+    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[j, i] = a[i, j]
+    return out
+
+
+def transpose_i16(a):
+    """A^T as a new C-order int16 array (gemm_i16's operands)."""
+    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int16)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[j, i] = a[i, j]
+    return out
+
+
+def token_rows(a):
+    """[B, T, n] as a new [B T, n] array: one row per token, a GEMM operand."""
+    n_t = a.shape[1]
+    out = np.zeros((a.shape[0] * n_t, a.shape[2]), dtype=np.int64)
+    for b in range(a.shape[0]):
+        for t in range(n_t):
+            for j in range(a.shape[2]):
+                out[b * n_t + t, j] = a[b, t, j]
+    return out
+
+
+def round_limbs(hi, lo, limb, s):
+    """(hi 2^limb + lo) / 2^s rounded half away from zero (fx.rshift_round of the exact total,
+    which may exceed int64). Exact for 0 <= s <= 62, 1 <= limb <= 32, any hi and lo with
+    |hi| < 2^62 and |lo| < 2^62; the result must fit int64.
+
+    lo is normalised into [0, 2^limb) (carry into hi); the total is then negative iff hi is, and
+    a negative total is negated limb-wise, so only non-negative numbers are shifted.
+    """
+    h = hi + (lo >> limb)
+    low = lo & ((1 << limb) - 1)
+    neg = h < 0
+    if neg:  # -(h 2^limb + low) = (-h - 1) 2^limb + (2^limb - low)
+        if low == 0:
+            h = -h
+        else:
+            h = -h - 1
+            low = (1 << limb) - low
+    low += (1 << s) >> 1  # half of 2^s (0 when s = 0)
+    if s >= limb:
+        q = (h + (low >> limb)) >> max(s - limb, 0)
+    else:
+        q = h * (1 << max(limb - s, 0)) + (low >> max(s, 0))
+    return -q if neg else q
+
+
+def _limb_t(g, shift, mask):
+    """[P, R]: g [R, P] transposed, each value (v >> shift) & mask (mask -1: every bit)."""
+    out = np.zeros((g.shape[1], g.shape[0]), dtype=np.int64)
+    for r in range(g.shape[0]):
+        for p in range(g.shape[1]):
+            out[p, r] = (int(g[r, p]) >> shift) & mask
+    return out
+
+
+# pythran export sum_outer(int64[:,:] order(C), int64[:,:] order(C), int64)
+def sum_outer(g, a, shift):
+    """(C, outside): C [P, Q] = rshift_round(sum_r g[r, p] a[r, q], shift), 0 <= shift <= 62,
+    for g int64 [R, P] and a int64 [R, Q] (rows are tokens). Exact: g = (g >> SUM_LIMB)
+    2^SUM_LIMB + (g & SUM_MASK), each limb's token sum exact by gemm_i64, the two-limb total
+    rounded once (round_limbs), so a sum beyond int64 is still exact. `outside` counts the limb
+    outputs gemm_i64 leaves outside its domain (those outputs are wrong): 0 means C is exact.
+    Domain, sufficient: R max|g| max|a| < 2^(62 + SUM_LIMB) and R 2^SUM_LIMB max|a| < 2^62;
+    and the rounded result must fit int64."""
+    a_t = transpose(a)
+    his, o1 = gemm_i64(_limb_t(g, SUM_LIMB, -1), a_t, 0)
+    los, o2 = gemm_i64(_limb_t(g, 0, SUM_MASK), a_t, 0)
+    out = np.zeros((g.shape[1], a.shape[1]), dtype=np.int64)
+    s = max(0, min(shift, MAX_SHIFT))
+    for p in range(g.shape[1]):
+        for q in range(a.shape[1]):
+            out[p, q] = round_limbs(int(his[p, q]), int(los[p, q]), SUM_LIMB, s)
+    return out, o1 + o2

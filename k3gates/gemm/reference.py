@@ -75,3 +75,9 @@ def gemm_i64(a: np.ndarray, b: np.ndarray, shift: int) -> tuple[list[int], int]:
         for v, inside in zip(c.ravel().tolist(), ok.ravel().tolist(), strict=True)
     ]
     return flat, int(ok.size - np.count_nonzero(ok))
+
+
+def sum_outer(g: np.ndarray, a: np.ndarray, shift: int) -> list[int]:
+    """round_shift(G^T A, shift) flattened, for G [R, P], A [R, Q], in Python integers."""
+    c = g.astype(object).T @ a.astype(object)
+    return [round_shift(int(v), shift) for v in c.ravel().tolist()]

@@ -62,7 +62,7 @@ from ..fx.kernels import (
     rsqrt_norm,
     sincos_q31,
 )
-from ..gemm.kernels import gemm_i64
+from ..gemm.kernels import gemm_i64, transpose
 
 # -- formats ------------------------------------------------------------------------------------
 ACT_FRAC = 16
@@ -466,15 +466,6 @@ def matmul(a, b, shift):
     if outside != 0:
         raise ValueError("kernels_glue: a matmul's rows are outside the exact int64 domain")
     return c
-
-
-def transpose(a):
-    """A^T as a new C-order array: the GEMM's second operand holds the reduction axis in rows."""
-    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            out[j, i] = a[i, j]
-    return out
 
 
 def ce_row(z, i, target, dl, want_grad):

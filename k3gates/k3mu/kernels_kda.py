@@ -46,6 +46,7 @@ Formats ("Q.f": raw = round(value 2^f)), all int64, with the magnitudes the kern
     o_n, gated                Q.24
     norm (h, e) pairs                value h 2^-e, h in [2^61, 2^62] (fx.rsqrt_norm)
     weight-gradient sums      Q.40   exact int64 sums of one-rounding products; |grad| < 2^23
+                                     (dW_o: an exact Q.48 token sum, two limbs, see kda_bwd_out)
 In the recurrence, a unit k or q (2^24 raw) times a state column (2-norm < 2^37) sums below
 2^61 by Cauchy-Schwarz. Where two wide vectors meet (S do, G e, P G^T k, e . G^T k) one side is
 put in block floating point first: shifted right by the `_bfp_shift` that brings its 2-norm
@@ -79,7 +80,7 @@ from ..fx.kernels import (
     sigmoid_q62,
     silu_q,
 )
-from ..gemm.kernels import gemm_i64
+from ..gemm.kernels import gemm_i64, sum_outer, token_rows, transpose
 
 X_FRAC = 16  # activations x, y
 W_FRAC = 20  # weights
@@ -151,32 +152,6 @@ def _state_limit(dk, dv):
     return (1 << STATE_NORM_BITS) >> _half_bits(max(dk, dv))
 
 
-def _rows(a):
-    """[B, T, n] as a new [B T, n] array: one row per token, the GEMM's operand."""
-    n_t = a.shape[1]
-    out = np.zeros((a.shape[0] * n_t, a.shape[2]), dtype=np.int64)
-    for b in range(a.shape[0]):
-        for t in range(n_t):
-            for j in range(a.shape[2]):
-                out[b * n_t + t, j] = a[b, t, j]
-    return out
-
-
-def _transpose(a):
-    """A^T as a new C-order array (2-D): the GEMM reduces along rows of both operands."""
-    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            out[j, i] = a[i, j]
-    return out
-
-
-def _matmul(a, w, shift):
-    """rshift_round(A W^T, shift) by the shared GEMM (exact sum, one rounding): A [M, K],
-    W [N, K]. The second value counts outputs outside its exact int64 domain (they are 0)."""
-    return gemm_i64(a, w, shift)
-
-
 # pythran export kda_fwd_lin(int64[:,:,:] order(C), int64[:,:] order(C), int64[:,:] order(C),
 #     int64[:,:] order(C), int64[:,:] order(C), int64[:], int64[:], int64[:,:] order(C), int)
 def kda_fwd_lin(x, w_qkv, conv, w_b, w_f, dt_bias, a_head, w_go, dk):
@@ -195,12 +170,12 @@ def kda_fwd_lin(x, w_qkv, conv, w_b, w_f, dt_bias, a_head, w_go, dk):
     u = np.zeros((n_b, n_t, n3), dtype=np.int64)
     c = np.zeros((n_b, n_t, n3), dtype=np.int64)
     z = np.zeros((n_b, n_t, 2 * hk + n_h), dtype=np.int64)
-    xr = _rows(x)
+    xr = token_rows(x)
     # u = W_qkv x (Q.36 -> Q.24); gz, beta and the gate's arguments from W_go, W_b, W_f
-    ur, o1 = _matmul(xr, w_qkv, X_FRAC + W_FRAC - U_FRAC)
-    gz, o2 = _matmul(xr, w_go, 0)
-    fz, o3 = _matmul(xr, w_f, X_FRAC + W_FRAC - F_FRAC)
-    bz, o4 = _matmul(xr, w_b, 0)
+    ur, o1 = gemm_i64(xr, w_qkv, X_FRAC + W_FRAC - U_FRAC)
+    gz, o2 = gemm_i64(xr, w_go, 0)
+    fz, o3 = gemm_i64(xr, w_f, X_FRAC + W_FRAC - F_FRAC)
+    bz, o4 = gemm_i64(xr, w_b, 0)
     outside = o1 + o2 + o3 + o4
     # omp parallel for
     for b in range(n_b):
@@ -447,7 +422,7 @@ def kda_fwd_out(o, gs, norm_w, w_o, ms):
                     on = rshift_round(ohv * int(norm_w[j]), G_FRAC + W_FRAC - K_FRAC)
                     gated[b, t, qo + j] = rshift_round(on * int(gs[b, t, qo + j]), G_FRAC)
     # y = W_o gated (Q.44 -> Q.16)
-    yr, outside = _matmul(_rows(gated), w_o, W_FRAC + K_FRAC - X_FRAC)
+    yr, outside = gemm_i64(token_rows(gated), w_o, W_FRAC + K_FRAC - X_FRAC)
     y = np.zeros((n_b, n_t, d), dtype=np.int64)
     for b in range(n_b):
         for t in range(n_t):
@@ -460,18 +435,18 @@ def kda_fwd_out(o, gs, norm_w, w_o, ms):
 #     int64[:,:,:,:] order(C), int64[:,:,:] order(C), int64[:], int64[:,:] order(C))
 def kda_bwd_out(dy, gated, oh, rn, gs, norm_w, w_o):
     """Backward, output side (W_o, the output gate, the head RMSNorm): (do [B,T,Hdk] Q.26,
-    dgz [B,T,Hdk] Q.24, dw_o [d, Hdk] Q.24, dnorm_w [dk] Q.24, W_o^T dy's outputs outside the
-    GEMM's domain). dw_o rounds each product to Q.40 before its sum (not a GEMM)."""
-    n_b, n_t, d = dy.shape[0], dy.shape[1], dy.shape[2]
+    dgz [B,T,Hdk] Q.24, dw_o [d, Hdk] Q.24, dnorm_w [dk] Q.24, the GEMM outputs outside their
+    exact domain: W_o^T dy's and dw_o's). dw_o = sum_t dy_t gated_t^T is one exact token sum
+    (gemm.sum_outer: Q.48 products, a sum beyond int64 held in two limbs), rounded once."""
+    n_b, n_t = dy.shape[0], dy.shape[1]
     n_h = rn.shape[2]
     dk = norm_w.shape[0]
     hk = n_h * dk
     out_do = np.zeros((n_b, n_t, hk), dtype=np.int64)
     out_dgz = np.zeros((n_b, n_t, hk), dtype=np.int64)
     g_nw = np.zeros((n_b, dk), dtype=np.int64)
-    g_o = np.zeros((n_b, d, hk), dtype=np.int64)
     # dgated = W_o^T dy: Q.44 -> Q.32
-    dgr, outside = _matmul(_rows(dy), _transpose(w_o), W_FRAC + D_FRAC - 32)
+    dgr, outside = gemm_i64(token_rows(dy), transpose(w_o), W_FRAC + D_FRAC - 32)
     # omp parallel for
     for b in range(n_b):
         dov = np.zeros((n_t, hk), dtype=np.int64)  # do, Q.26
@@ -479,10 +454,6 @@ def kda_bwd_out(dy, gated, oh, rn, gs, norm_w, w_o):
         don = np.zeros(hk, dtype=np.int64)
         # -- output side: y = W_o gated, gated = o_n sigmoid(gz), o_n = RMSNorm(o) norm_w --
         for t in range(n_t):
-            for j in range(d):
-                dyj = int(dy[b, t, j])
-                for m in range(hk):
-                    g_o[b, j, m] += rshift_round(dyj * int(gated[b, t, m]), 2 * K_FRAC - ACC_FRAC)
             for m in range(hk):
                 dgm = int(dgr[b * n_t + t, m])  # dgated Q.32
                 gsv = int(gs[b, t, m])
@@ -511,7 +482,9 @@ def kda_bwd_out(dy, gated, oh, rn, gs, norm_w, w_o):
             for m in range(hk):
                 out_do[b, t, m] = dov[t, m]
                 out_dgz[b, t, m] = dgz[t, m]
-    return out_do, out_dgz, _reduce3(g_o), _reduce2(g_nw), outside
+    # dW_o = sum_t dy_t gated_t^T: Q.24 x Q.24 = Q.48 -> Q.24, one rounding
+    dw_o, o2 = sum_outer(token_rows(dy), token_rows(gated), K_FRAC)
+    return out_do, out_dgz, dw_o, _reduce2(g_nw), outside + o2
 
 
 # pythran export kda_bwd_rec(int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C),
@@ -770,7 +743,7 @@ def kda_bwd_in(
                 dz_all[r, n3 + n_h + hk + m] = dgz[b, t, m]
     # -- the projections, by the shared GEMM: weight gradients G^T x (Q.24 x Q.16 = Q.40, exact
     # over all B T tokens, rounded once to Q.24) and dx = the sum of W^T g (Q.44, rounded once)
-    g_all, o1 = _matmul(_transpose(dz_all), _transpose(_rows(x)), ACC_FRAC - D_FRAC)
+    g_all, o1 = gemm_i64(transpose(dz_all), transpose(token_rows(x)), ACC_FRAC - D_FRAC)
     w_all = np.zeros((n_g, d), dtype=np.int64)
     for i in range(d):
         for ch in range(n3):
@@ -780,7 +753,7 @@ def kda_bwd_in(
         for m in range(hk):
             w_all[n3 + n_h + m, i] = w_f[m, i]
             w_all[n3 + n_h + hk + m, i] = w_go[m, i]
-    dxr, o2 = _matmul(dz_all, _transpose(w_all), W_FRAC)
+    dxr, o2 = gemm_i64(dz_all, transpose(w_all), W_FRAC)
     dx = np.zeros((n_b, n_t, d), dtype=np.int64)
     for b in range(n_b):
         for t in range(n_t):

@@ -79,7 +79,7 @@ from ..fx.kernels import (
     sigmoid_q62,
     softmax_row_q31,
 )
-from ..gemm.kernels import gemm_i64
+from ..gemm.kernels import gemm_i64, round_limbs, sum_outer, token_rows, transpose
 
 ACT_FRAC = 16  # x, y
 W_FRAC = 20  # weights, norm gains
@@ -109,30 +109,6 @@ def backward_max_err_lsb(n_tokens):
 
 
 # == scalar helpers ==============================================================================
-def round_limbs(hi, lo, limb, s):
-    """(hi 2^limb + lo) / 2^s rounded half away from zero (fx.rshift_round of the exact total,
-    which may exceed int64). 1 <= s <= 62, 1 <= limb <= 32; the result must fit int64.
-
-    lo is normalised into [0, 2^limb) (carry into hi); the total is then negative iff hi is, and
-    a negative total is negated limb-wise, so only non-negative numbers are shifted.
-    """
-    h = hi + (lo >> limb)
-    low = lo & ((1 << limb) - 1)
-    neg = h < 0
-    if neg:  # -(h 2^limb + low) = (-h - 1) 2^limb + (2^limb - low)
-        if low == 0:
-            h = -h
-        else:
-            h = -h - 1
-            low = (1 << limb) - low
-    low += 1 << max(s - 1, 0)
-    if s >= limb:
-        q = (h + (low >> limb)) >> max(s - limb, 0)
-    else:
-        q = h * (1 << max(limb - s, 0)) + (low >> max(s, 0))
-    return -q if neg else q
-
-
 def sizes(w_uq, w_uk, w_uv, w_kr):
     """(H, nope, rope, dv) from the weight shapes (module docstring)."""
     rope = w_kr.shape[0]
@@ -167,15 +143,6 @@ def put(dst, b, src):
     for t in range(src.shape[0]):
         for j in range(src.shape[1]):
             dst[b, t, j] = src[t, j]
-
-
-def transpose(a):
-    """A^T as a new C-order array: the GEMM's second operand holds the reduction axis in rows."""
-    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            out[j, i] = a[i, j]
-    return out
 
 
 def project(src, w, shift, bad, b):
@@ -465,30 +432,12 @@ def value_back(p, d_o):
 
 
 # == weight gradients ============================================================================
-def tokens_t(a, shift, mask):
-    """[n, B T]: a [B, T, n] with tokens as columns, each value (v >> shift) & mask (mask -1:
-    all bits), so that a sum over tokens is one row of the GEMM's operand."""
-    t_len = a.shape[1]
-    out = np.zeros((a.shape[2], a.shape[0] * t_len), dtype=np.int64)
-    for b in range(a.shape[0]):
-        for t in range(t_len):
-            for i in range(a.shape[2]):
-                out[i, b * t_len + t] = (int(a[b, t, i]) >> shift) & mask
-    return out
-
-
 def weight_grad(g, a, shift, bad):
-    """out[i, j] = round(sum_{b,t} g[b,t,i] a[b,t,j] / 2^shift): g split into limbs
-    g = (g >> SUM_LIMB) 2^SUM_LIMB + (g & SUM_MASK), each limb's sum exact by the shared GEMM,
-    one rounding of the two-limb total. Outputs outside the GEMM's domain counted in bad[0]."""
-    a_t = tokens_t(a, 0, -1)
-    his, o1 = gemm_i64(tokens_t(g, SUM_LIMB, -1), a_t, 0)
-    los, o2 = gemm_i64(tokens_t(g, 0, SUM_MASK), a_t, 0)
-    bad[0] += o1 + o2
-    out = np.zeros((g.shape[2], a.shape[2]), dtype=np.int64)
-    for i in range(g.shape[2]):
-        for j in range(a.shape[2]):
-            out[i, j] = round_limbs(int(his[i, j]), int(los[i, j]), SUM_LIMB, shift)
+    """out[i, j] = round(sum_{b,t} g[b,t,i] a[b,t,j] / 2^shift): one exact token sum by the
+    shared GEMM (gemm.sum_outer: g in two limbs, one rounding). Outputs outside the GEMM's
+    domain counted in bad[0]."""
+    out, outside = sum_outer(token_rows(g), token_rows(a), shift)
+    bad[0] += outside
     return out
 
 

@@ -88,7 +88,7 @@ from ..fx.kernels import (
     rsqrt_norm,
     sigmoid_q62,
 )
-from ..gemm.kernels import gemm_i64
+from ..gemm.kernels import gemm_i64, round_limbs, sum_outer, transpose
 from ..moe.kernels import qb_update
 from ..situ.kernels import (
     SITU_BETA,
@@ -109,7 +109,7 @@ G_FRAC = 28  # internal per-token gradients
 SW_FRAC = 56  # selected scores summed for the renormalisation
 P_FRAC = 60  # combine weights w_e and the ratios p_e = s_e / S
 ONE_Q62 = 1 << 62
-SPLIT = 20  # weight-gradient token sums held as hi 2^SPLIT + lo (lo >= 0): exact
+SPLIT = 20  # dw_n's token sum held as hi 2^SPLIT + lo (lo >= 0): exact
 SPLIT_MASK = (1 << SPLIT) - 1
 EPS_Q48 = 281474977  # round(1e-6 * 2**48): RMSNorm eps in Q.48 (= Q.(2 A_FRAC))
 RSF_MAX = 4
@@ -129,13 +129,12 @@ def matmul(a, w, shift, bad):
     return c
 
 
-def transpose(a):
-    """A^T as a new C-order array: the GEMM reduces along the rows of both operands."""
-    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            out[j, i] = a[i, j]
-    return out
+def wsum(g, a, shift, bad):
+    """round(G^T A / 2^shift): a weight gradient's exact token sum (gemm.sum_outer), G [R, P],
+    A [R, Q]. Outputs outside the GEMM's exact domain counted in bad[0]."""
+    c, outside = sum_outer(g, a, shift)
+    bad[0] += outside
+    return c
 
 
 def gather(a, rows, lo_r, hi_r):
@@ -153,52 +152,6 @@ def expert(w, e):
     for i in range(w.shape[1]):
         for j in range(w.shape[2]):
             out[i, j] = w[e, i, j]
-    return out
-
-
-def round_split(hi, lo, shift):
-    """(hi 2^SPLIT + lo) / 2^shift rounded half away from zero, SPLIT <= shift <= 62, lo >= 0.
-
-    t = hi + floor(lo / 2^SPLIT), rem = lo mod 2^SPLIT: value = t 2^SPLIT + rem; q =
-    floor(value / 2^shift) and the remainder decide the rounding (half away from zero). Exact.
-    """
-    t = hi + (lo >> SPLIT)
-    rem = lo & SPLIT_MASK
-    s2 = shift - SPLIT
-    if s2 < 0:
-        s2 = 0
-    q = t >> s2
-    fr = ((t - (q << s2)) << SPLIT) + rem
-    s1 = shift - 1
-    if s1 < 0:
-        s1 = 0
-    half = 1 << s1
-    up = 0
-    if fr > half or (fr == half and q >= 0):
-        up = 1
-    return q + up
-
-
-def outer_row(g, a, rows_g, rows_a, lo_r, hi_r, p, shift):
-    """Row p of round(sum_r g[rows_g[r], p] a[rows_a[r], :] / 2^shift), r in [lo_r, hi_r).
-
-    g [R, P], a [S, Q]. Each product must fit int64; the token sum is held exactly as
-    hi 2^SPLIT + lo (count < 2^20) and rounded once (round_split).
-    """
-    n_q = a.shape[1]
-    hi = np.zeros(n_q, dtype=np.int64)
-    lo = np.zeros(n_q, dtype=np.int64)
-    out = np.zeros(n_q, dtype=np.int64)
-    for r in range(lo_r, hi_r):
-        gv = int(g[rows_g[r], p])
-        ra = int(rows_a[r])
-        # hi 2^SPLIT + lo += g a, exactly
-        for q in range(n_q):
-            prod = gv * int(a[ra, q])
-            hi[q] += prod >> SPLIT
-            lo[q] += prod & SPLIT_MASK
-    for q in range(n_q):
-        out[q] = round_split(int(hi[q]), int(lo[q]), shift)
     return out
 
 
@@ -669,16 +622,13 @@ def moe_bwd_dx(w_r, w_down, w1, w3, ws1, ws3, idx, dg, du, dgs, dus, dlog):
 #     int64[:,:] order(C), int64)
 def moe_wgrad(dy, x, idx, z, a, chat, r, a_s, dr, d_e, dg, du, dlog, dgs, dus, dz, n):
     """Backward pass 4: the weight gradients (dw_r, dw_down, dw1, dw3, dw2, dw_n, dw_up, dws1,
-    dws3, dws2), Q.24, exact token sums (outer_row), in parallel over all gradient rows."""
+    dws3, dws2, and the count of GEMM outputs outside their exact domain), Q.24: each an exact
+    token sum by the shared GEMM (gemm.sum_outer: two limbs, one rounding), an expert's over its
+    own slots (gathered in order)."""
     n_tok = x.shape[0]
     d = x.shape[1]
     d_l = z.shape[1]
     h = a.shape[1]
-    h_s = a_s.shape[1]
-    # pass 4: weight gradients, exact token sums, one rounding each into Q.24
-    every = np.zeros(n_tok, dtype=np.int64)
-    for t in range(n_tok):
-        every[t] = t
     sh_x = G_FRAC + ACT_FRAC - GRAD_FRAC  # Q.28 x Q.16 -> Q.24
     sh_a = G_FRAC + A_FRAC - GRAD_FRAC  # Q.28 x Q.24 -> Q.24
     sh_y = GRAD_FRAC + A_FRAC - GRAD_FRAC  # Q.24 x Q.24 -> Q.24
@@ -686,68 +636,32 @@ def moe_wgrad(dy, x, idx, z, a, chat, r, a_s, dr, d_e, dg, du, dlog, dgs, dus, d
     for m in range(d_l):
         hi = 0
         lo = 0
-        # dw_n = sum_t dr chat (Q.52), split exactly
+        # dw_n = sum_t dr chat (Q.52), split exactly: hi 2^SPLIT + lo
         for t in range(n_tok):
             prod = int(dr[t, m]) * int(chat[t, m])
             hi += prod >> SPLIT
             lo += prod & SPLIT_MASK
-        dw_n[m] = round_split(hi, lo, sh_a)
+        dw_n[m] = round_limbs(hi, lo, SPLIT, sh_a)
+    bad = np.zeros(1, dtype=np.int64)
+    dw_up = wsum(dy, r, sh_y, bad)
+    dws2 = wsum(dy, a_s, sh_y, bad)
+    dws1 = wsum(dgs, x, sh_x, bad)
+    dws3 = wsum(dus, x, sh_x, bad)
+    dw_down = wsum(dz, x, sh_x, bad)
     start, slots, tokens = expert_slots(idx, n)
-    dw_up = np.zeros((d, d_l), dtype=np.int64)
-    dws2 = np.zeros((d, h_s), dtype=np.int64)
-    dws1 = np.zeros((h_s, d), dtype=np.int64)
-    dws3 = np.zeros((h_s, d), dtype=np.int64)
-    dw_down = np.zeros((d_l, d), dtype=np.int64)
     dw_r = np.zeros((n, d), dtype=np.int64)
     dw1 = np.zeros((n, h, d_l), dtype=np.int64)
     dw3 = np.zeros((n, h, d_l), dtype=np.int64)
     dw2 = np.zeros((n, d_l, h), dtype=np.int64)
-    # one parallel loop over every gradient row (one OpenMP region: cheap on a busy machine)
-    j1 = d
-    j2 = j1 + d
-    j3 = j2 + h_s
-    j4 = j3 + h_s
-    j5 = j4 + d_l
-    j6 = j5 + n * h
-    j7 = j6 + n * h
-    j8 = j7 + n * d_l
-    j9 = j8 + n
-    # omp parallel for
-    for job in range(j9):
-        if job < j1:
-            dw_up[job, :] = outer_row(dy, r, every, every, 0, n_tok, job, sh_y)
-        elif job < j2:
-            dws2[job - j1, :] = outer_row(dy, a_s, every, every, 0, n_tok, job - j1, sh_y)
-        elif job < j3:
-            dws1[job - j2, :] = outer_row(dgs, x, every, every, 0, n_tok, job - j2, sh_x)
-        elif job < j4:
-            dws3[job - j3, :] = outer_row(dus, x, every, every, 0, n_tok, job - j3, sh_x)
-        elif job < j5:
-            dw_down[job - j4, :] = outer_row(dz, x, every, every, 0, n_tok, job - j4, sh_x)
-        elif job < j6:
-            e = (job - j5) // h
-            i = job - j5 - e * h
-            lo_r = int(start[e])
-            hi_r = int(start[e + 1])
-            dw1[e, i, :] = outer_row(dg, z, slots, tokens, lo_r, hi_r, i, sh_a)
-        elif job < j7:
-            e = (job - j6) // h
-            i = job - j6 - e * h
-            lo_r = int(start[e])
-            hi_r = int(start[e + 1])
-            dw3[e, i, :] = outer_row(du, z, slots, tokens, lo_r, hi_r, i, sh_a)
-        elif job < j8:
-            e = (job - j7) // d_l
-            m = job - j7 - e * d_l
-            lo_r = int(start[e])
-            hi_r = int(start[e + 1])
-            dw2[e, m, :] = outer_row(d_e, a, slots, slots, lo_r, hi_r, m, sh_a)
-        else:
-            e = job - j8
-            lo_r = int(start[e])
-            hi_r = int(start[e + 1])
-            dw_r[e, :] = outer_row(dlog, x, slots, tokens, lo_r, hi_r, 0, sh_x)
-    return dw_r, dw_down, dw1, dw3, dw2, dw_n, dw_up, dws1, dws3, dws2
+    for e in range(n):
+        lo_r = int(start[e])
+        hi_r = int(start[e + 1])
+        z_e = gather(z, tokens, lo_r, hi_r)
+        dw1[e] = wsum(gather(dg, slots, lo_r, hi_r), z_e, sh_a, bad)
+        dw3[e] = wsum(gather(du, slots, lo_r, hi_r), z_e, sh_a, bad)
+        dw2[e] = wsum(gather(d_e, slots, lo_r, hi_r), gather(a, slots, lo_r, hi_r), sh_a, bad)
+        dw_r[e] = wsum(gather(dlog, slots, lo_r, hi_r), gather(x, tokens, lo_r, hi_r), sh_x, bad)[0]
+    return dw_r, dw_down, dw1, dw3, dw2, dw_n, dw_up, dws1, dws3, dws2, int(bad[0])
 
 
 # == Quantile Balancing ==========================================================================

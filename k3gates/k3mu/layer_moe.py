@@ -124,10 +124,10 @@ def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
         _c(p["w_r"]), _c(p["w_down"]), _c(p["w1"]), _c(p["w3"]), _c(p["ws1"]), _c(p["ws3"]),
         idx, dg, du, dgs, dus, dlog,
     )  # fmt: skip
-    _check_gemm(out1 + out2, "the backward")
-    grads = mod.moe_wgrad(
+    *grads, out3 = mod.moe_wgrad(
         dy2, x2, idx, z, a, chat, r, a_s, dr, d_e, dg, du, dlog, dgs, dus, dz, p["w_r"].shape[0]
     )
+    _check_gemm(out1 + out2 + out3, "the backward")
     names = ("w_r", "w_down", "w1", "w3", "w2", "w_n", "w_up", "ws1", "ws3", "ws2")
     return dx.reshape(b, t, d), dict(zip(names, grads, strict=True))
 

@@ -73,7 +73,7 @@ from ..fx.kernels import (
     rsqrt_norm,
     softmax_row_q31,
 )
-from ..gemm.kernels import gemm_i16
+from ..gemm.kernels import gemm_i16, transpose_i16
 
 # -- NS5 constants (each: raw integer, the real expression) --------------------------------------
 NS_STEPS = 5
@@ -143,15 +143,6 @@ def _sat16(v):
 # == NS5 ==========================================================================================
 # Its three matmuls per iteration are the shared integer GEMM (k3gates/gemm): C = A B^T, int16 x
 # int16 -> int32, exact, each output clamped (and counted) only if it leaves int32.
-def _transpose(x):
-    """X^T as a new int16 array, so that X's columns are rows for gemm_i16."""
-    out = np.zeros((x.shape[1], x.shape[0]), dtype=np.int16)
-    for i in range(x.shape[0]):
-        for j in range(x.shape[1]):
-            out[j, i] = x[i, j]
-    return out
-
-
 def _split_a(a):
     """(parts, saturations): parts[:m] = A_hi = round(A / 2^14), parts[m:] = A_lo =
     round((A - A_hi 2^14) / 2^4), int16 [2m, m], from the exact Q.28 A (no saturation for
@@ -225,7 +216,7 @@ def _ns_iterate(x0, steps):
         p, g2 = gemm_i16(ahl, ahl[:m].copy())
         bhl, g3 = _split_b(a, p)
         # B X = (B_hi X) 2^10 + B_lo X in Q.37
-        q, g4 = gemm_i16(bhl, _transpose(x))
+        q, g4 = gemm_i16(bhl, transpose_i16(x))
         x, g5 = _update_x(q, x)
         guard += g0 + g1 + g2 + g3 + g4 + g5
     return x, guard
@@ -315,8 +306,8 @@ def ns5(G, eps_raw):
     x0 = _normalise(G, eps_raw)
     flip = m > n or (m == n and _columns_win(x0))
     if flip:
-        x, guard = _ns_iterate(_transpose(x0), NS_STEPS)
-        return _transpose(x), guard
+        x, guard = _ns_iterate(transpose_i16(x0), NS_STEPS)
+        return transpose_i16(x), guard
     return _ns_iterate(x0, NS_STEPS)
 
 
