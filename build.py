@@ -676,10 +676,17 @@ def build_census(
         page = content.innovations[row["id"]]
         row["facts"] = back_facts(content.facts.get(row["id"], []), by_id)
         hints = page.meta.get("next", {})
-        next_level = Level(min(row["score"] + 1, Level.PROVEN)).name
-        row["next"] = (
-            row["blocker"] if "fails" in row["blocker"] else hints.get(next_level, row["blocker"])
-        )
+        if row["score"] == Level.PROVEN:
+            # nothing on the ladder is left; `beyond` names the work past it
+            beyond = hints.get("beyond")
+            row["next"] = "top of the ladder" + (f"; beyond it: {beyond}" if beyond else "")
+        else:
+            next_level = Level(row["score"] + 1).name
+            row["next"] = (
+                row["blocker"]
+                if "fails" in row["blocker"]
+                else hints.get(next_level, row["blocker"])
+            )
         row["title"] = page.meta["title"]
     prov = provenance(results, compiled)
     gates = [_public_result(r) for r in results]
