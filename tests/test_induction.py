@@ -90,8 +90,8 @@ def test_the_open_gate_gives_its_weights_no_gradient(model):
 def test_a_zero_learning_rate_fails_the_threshold_and_the_accuracy(monkeypatch):
     monkeypatch.setitem(I.HYPER, "lr", 0.0)
     monkeypatch.setitem(I.HYPER, "lr_min", 0.0)
-    # the CPython rerun of one step (40 s) has nothing to do with the learning rate
-    monkeypatch.setattr(ind_gate, "_compiled_step", lambda ctx, h: None)
+    # the CPython rerun of one step has nothing to do with the learning rate
+    monkeypatch.setattr(ind_gate, "_compiled_step", lambda ctx, d, h: None)
     ctx = GateContext(REGISTRY["mla_induction"])
     ind_gate.mla_induction(ctx)
     checks = {c.name: c.passed for c in ctx.checks}
