@@ -44,6 +44,16 @@ class BuildRun:
         return json.loads((self.out / "census.json").read_text())
 
 
+def gate_row(run: BuildRun, gate_id: str) -> dict:
+    """One gate's row of the published census."""
+    return next(g for g in run.census["gates"] if g["id"] == gate_id)
+
+
+def check(row: dict, name: str) -> dict:
+    """One check of a gate's row, by name."""
+    return next(c for c in row["checks"] if c["name"] == name)
+
+
 def run_build(out: Path, *args: str, cache: Path, timeout: float = 3600) -> BuildRun:
     env = {**os.environ, "K3GATES_CACHE": str(cache)}
     proc = subprocess.run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import BuildRun
+from conftest import BuildRun, check, gate_row
 
 from k3gates import compile as kc
 from k3gates.gate import REGISTRY, GateContext
@@ -13,14 +13,6 @@ from k3gates.induction import gate as ind_gate
 from k3gates.induction import task as I
 from k3gates.k3mu.ops import IntOps
 from k3gates.tasks import seq as S
-
-
-def gate_row(run: BuildRun, gate_id: str) -> dict:
-    return next(g for g in run.census["gates"] if g["id"] == gate_id)
-
-
-def check(row: dict, name: str) -> dict:
-    return next(c for c in row["checks"] if c["name"] == name)
 
 
 # -- the published evidence -----------------------------------------------------------------------

@@ -10,20 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, BuildRun
+from conftest import ROOT, BuildRun, check, gate_row
 
 from k3gates import fresh
 from k3gates.k3mu import cli, corpus, gate
 
 RUN = cli.RUNS / "long"
-
-
-def gate_row(run: BuildRun, gate_id: str) -> dict:
-    return next(g for g in run.census["gates"] if g["id"] == gate_id)
-
-
-def check(row: dict, name: str) -> dict:
-    return next(c for c in row["checks"] if c["name"] == name)
 
 
 # -- acceptance 1, 2: the census ------------------------------------------------------------------

@@ -7,20 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import BuildRun
+from conftest import BuildRun, check, gate_row
 
 from k3gates.gate import REGISTRY, GateContext
 from k3gates.k3mu.ops import IntOps
 from k3gates.specialise import clusters as C
 from k3gates.specialise import gate as spec_gate
-
-
-def gate_row(run: BuildRun, gate_id: str) -> dict:
-    return next(g for g in run.census["gates"] if g["id"] == gate_id)
-
-
-def check(row: dict, name: str) -> dict:
-    return next(c for c in row["checks"] if c["name"] == name)
 
 
 def run_gate() -> dict[str, bool]:
