@@ -12,6 +12,7 @@ from k3gates.gate import REGISTRY, GateContext
 from k3gates.induction import gate as ind_gate
 from k3gates.induction import task as I
 from k3gates.k3mu.ops import IntOps
+from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
 
 
@@ -83,7 +84,7 @@ def test_a_zero_learning_rate_fails_the_threshold_and_the_accuracy(monkeypatch):
     monkeypatch.setitem(I.HYPER, "lr", 0.0)
     monkeypatch.setitem(I.HYPER, "lr_min", 0.0)
     # the CPython rerun of one step has nothing to do with the learning rate
-    monkeypatch.setattr(ind_gate, "_compiled_step", lambda ctx, d, h: None)
+    monkeypatch.setattr(P, "compiled_step", lambda *a, **k: None)
     ctx = GateContext(REGISTRY["mla_induction"])
     ind_gate.mla_induction(ctx)
     checks = {c.name: c.passed for c in ctx.checks}

@@ -10,6 +10,7 @@ from k3gates.gate import REGISTRY, GateContext
 from k3gates.k3mu.ops import IntOps
 from k3gates.mqar import gate as mq_gate
 from k3gates.mqar import task as Q
+from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
 
 
@@ -72,7 +73,7 @@ def test_the_layerless_check_fails_when_beta_is_not_zeroed(monkeypatch):
     monkeypatch.setattr(Q, "beta_zero_ops", IntOps)
     monkeypatch.setattr(mq_gate, "STEPS", 20)
     ctx = GateContext(REGISTRY["kda_mqar"])
-    d = Q.data(mq_gate.SEED, 20, Q.BATCH, Q.HELD_OUT)
+    d = S.data(Q.sequences, mq_gate.SEED, 20, Q.BATCH, Q.HELD_OUT)
     mq_gate._ablation(ctx, d, dict(Q.HYPER), acc=1.0)
     checks = {c.name: c.passed for c in ctx.checks}
     assert checks == {"beta_zero_is_layerless": False, "ablation_worse": True}
@@ -84,7 +85,7 @@ def test_a_zero_learning_rate_fails_the_threshold_and_the_recall(monkeypatch):
     monkeypatch.setitem(Q.HYPER, "lr_min", 0.0)
     monkeypatch.setattr(mq_gate, "STEPS", 40)  # a learning rate of 0 learns nothing at any length
     # the CPython rerun of one step has nothing to do with the learning rate
-    monkeypatch.setattr(mq_gate, "_compiled_step", lambda ctx, d, h: None)
+    monkeypatch.setattr(P, "compiled_step", lambda *a, **k: None)
     ctx = GateContext(REGISTRY["kda_mqar"])
     mq_gate.kda_mqar(ctx)
     checks = {c.name: c.passed for c in ctx.checks}

@@ -8,15 +8,12 @@ forward's bit for bit; and trains the same model with the output gate held open 
 
 from __future__ import annotations
 
-import math
-import time
-
 import numpy as np
 
 from k3gates.gate import GateContext, digest, gate
-from k3gates.k3mu.ops import KERNELS, FloatOps, IntOps
+from k3gates.k3mu.ops import KERNELS, IntOps
+from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
-from k3gates.training import check_training, start_rerun
 
 from . import task as I
 
@@ -47,46 +44,20 @@ def mla_induction(ctx: GateContext) -> None:
     held-out accuracy on the repeated half at least 95%, loss below 0.3 bits/token and within 3%
     of its float64 twin, bit-identical in a fresh process; decode over the latent cache equal to
     the full forward bit for bit; the ungated variant reported at equal steps."""
+    d, out, twin, int_s = P.train_beside_twin(
+        ctx, I, steps=STEPS, seed=SEED, eval_every=EVAL_EVERY, threshold=THRESHOLD_BITS,
+        start_tol=START_TOL_BITS, unit="bits/token (held-out, repeated half)",
+    )  # fmt: skip
+    acc = P.check_accuracy(ctx, "induction_accuracy", "repeated tokens", out, d["eval"],
+                           ACCURACY_MIN)  # fmt: skip
     cfg, h = I.CONFIG, dict(I.HYPER)
-    rerun = start_rerun(
-        ctx, "train_int", (STEPS, SEED, EVAL_EVERY, h), python_module="k3gates.induction.task"
-    )
-    d = I.data(SEED, STEPS, I.BATCH, I.HELD_OUT)
-    t0 = time.perf_counter()
-    out = S.run(IntOps(ctx.compiled), S.init(cfg, SEED), cfg, d["train"], d["eval"], STEPS, h,
-                EVAL_EVERY)  # fmt: skip
-    int_s = time.perf_counter() - t0
-    twin = S.run(FloatOps(), S.twin_params(S.init(cfg, SEED)), cfg, d["train"], d["eval"],
-                 STEPS, h, EVAL_EVERY)  # fmt: skip
-    check_training(
-        ctx,
-        curve=np.array(out["val"]),
-        twin=np.array(twin["val"]),
-        threshold=THRESHOLD_BITS,
-        unit="bits/token (held-out, repeated half)",
-        rerun=rerun,
-        first=S.result_arrays(out),
-        start_near=(math.log2(cfg.vocab), START_TOL_BITS),
-    )
-    acc = out["accuracy"][-1]
-    scored = int(np.sum(d["eval"][1] >= 0))
-    ctx.check(
-        "induction_accuracy",
-        f"the trained integer model predicts at least {ACCURACY_MIN:.0%} of the {scored} "
-        f"repeated tokens of {I.HELD_OUT} held-out sequences",
-        acc >= ACCURACY_MIN,
-        message=f"accuracy {acc:.4f} < {ACCURACY_MIN}",
-        accuracy=acc,
-        minimum=ACCURACY_MIN,
-        start=out["accuracy"][0],
-        scored=scored,
-    )
     ops = IntOps(ctx.compiled)
     dec = ctx.compiled(I.DECODE_KERNELS)
     samples = _decode(ctx, ops, dec, out["params"], d["eval"][0])
     open_out = S.run(I.OpenGateOps(ctx.compiled), S.init(cfg, SEED), cfg, d["train"], d["eval"],
                      STEPS, h, EVAL_EVERY)  # fmt: skip
-    _compiled_step(ctx, d, h)
+    P.compiled_step(ctx, I, d, seed=SEED, tiny=TINY, variants=(IntOps, I.OpenGateOps),
+                    what=", gated and with the gate held open,")  # fmt: skip
     ctx.evidence(
         f"One Gated MLA layer trained {STEPS} steps in integers on induction: {acc:.1%} of the "
         f"repeated half held out, {out['val'][-1]:.3f} bits/token (float64 twin "
@@ -123,30 +94,6 @@ def _decode(ctx: GateContext, ops, dec, p: dict, tokens: np.ndarray) -> list[tup
         digests=digests,
     )
     return samples
-
-
-def _compiled_step(ctx: GateContext, d: dict, h: dict) -> None:
-    tokens, targets = d["train"][0]
-    tiny = [(tokens[:1, TINY].copy(), targets[:1, TINY].copy())]
-    runs, seconds = {}, {}
-    for name, load in (("compiled", ctx.compiled), ("interpreted", ctx.interpreted)):
-        t0 = time.perf_counter()
-        outs = [
-            S.run(ops(load), S.init(I.CONFIG, SEED), I.CONFIG, tiny, tiny[0], 1, h, 1)
-            for ops in (IntOps, I.OpenGateOps)
-        ]
-        runs[name] = digest(*[a for out in outs for a in S.result_arrays(out)])
-        seconds[name] = time.perf_counter() - t0
-    ctx.check(
-        "compiled_step",
-        "one training step on 12 tokens of one sequence (forward, backward, Per-Head Muon and "
-        "AdamW), gated and with the gate held open, gives bit-identical results compiled and "
-        "run by CPython from the same sources",
-        runs["compiled"] == runs["interpreted"],
-        kind="compiled",
-        digests=runs,
-        speed_ratio=seconds["interpreted"] / max(seconds["compiled"], 1e-9),
-    )
 
 
 def _artifacts(ctx, out, twin, open_out, samples, int_s) -> None:

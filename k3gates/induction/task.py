@@ -43,14 +43,6 @@ def sequences(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]
     return tokens, targets
 
 
-def data(seed: int, steps: int, batch: int, held_out: int) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        "train": [sequences(rng, batch) for _ in range(steps)],
-        "eval": sequences(np.random.default_rng(seed + 1), held_out),
-    }
-
-
 # -- the model and its training --------------------------------------------------------------
 CONFIG = S.SeqConfig(vocab=VOCAB, d=64, kinds=("mla",), shift=True)
 HYPER = {"lr": 0.01, "lr_min": 0.001, "warmup": 20, "mu": 0.95, "wd": 0.0}  # K3-μ's recipe
@@ -88,7 +80,7 @@ def train_int(
 
     load = kcompile.interpreted if interpreted else kcompile.load
     ops = OpenGateOps(load) if open_gate else IntOps(load)
-    d = data(seed, steps, batch, held_out)
+    d = S.data(sequences, seed, steps, batch, held_out)
     out = S.run(ops, S.init(CONFIG, seed), CONFIG, d["train"], d["eval"], steps, h, eval_every)
     return S.result_arrays(out)
 

@@ -8,15 +8,12 @@ The decay's input projection W_f stays at its initial value (task.py says why).
 
 from __future__ import annotations
 
-import math
-import time
-
 import numpy as np
 
 from k3gates.gate import GateContext, digest, gate
-from k3gates.k3mu.ops import KERNELS, FloatOps, IntOps
+from k3gates.k3mu.ops import KERNELS, IntOps
+from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
-from k3gates.training import check_training, start_rerun
 
 from . import task as Q
 
@@ -55,42 +52,14 @@ def kda_mqar(ctx: GateContext) -> None:
     MQAR here: 16 pairs, 128 tokens, vocabulary 64; W_f stays at its initial value. The loss
     ends below 0.5 bits/query, within 3% of its float64 twin at every evaluation, bit-identical
     in a fresh process; with beta fixed at 0, at equal steps, it is at least 10 points worse."""
-    cfg, h = Q.CONFIG, dict(Q.HYPER)
-    rerun = start_rerun(
-        ctx, "train_int", (STEPS, SEED, EVAL_EVERY, h), python_module="k3gates.mqar.task"
-    )
-    d = Q.data(SEED, STEPS, Q.BATCH, Q.HELD_OUT)
-    t0 = time.perf_counter()
-    out = S.run(IntOps(ctx.compiled), S.init(cfg, SEED), cfg, d["train"], d["eval"], STEPS, h,
-                EVAL_EVERY, Q.FIXED)  # fmt: skip
-    int_s = time.perf_counter() - t0
-    twin = S.run(FloatOps(), S.twin_params(S.init(cfg, SEED)), cfg, d["train"], d["eval"],
-                 STEPS, h, EVAL_EVERY, Q.FIXED)  # fmt: skip
-    check_training(
-        ctx,
-        curve=np.array(out["val"]),
-        twin=np.array(twin["val"]),
-        threshold=THRESHOLD_BITS,
-        unit="bits/query (held-out)",
-        rerun=rerun,
-        first=S.result_arrays(out),
-        start_near=(math.log2(cfg.vocab), START_TOL_BITS),
-    )
-    acc = out["accuracy"][-1]
-    queries = int(np.sum(d["eval"][1] >= 0))
-    ctx.check(
-        "recall_accuracy",
-        f"the trained integer model answers at least {ACCURACY_MIN:.0%} of the {queries} "
-        f"queries of {Q.HELD_OUT} held-out sequences",
-        acc >= ACCURACY_MIN,
-        message=f"accuracy {acc:.4f} < {ACCURACY_MIN}",
-        accuracy=acc,
-        minimum=ACCURACY_MIN,
-        start=out["accuracy"][0],
-        queries=queries,
-    )
+    d, out, twin, int_s = P.train_beside_twin(
+        ctx, Q, steps=STEPS, seed=SEED, eval_every=EVAL_EVERY, threshold=THRESHOLD_BITS,
+        start_tol=START_TOL_BITS, unit="bits/query (held-out)",
+    )  # fmt: skip
+    acc = P.check_accuracy(ctx, "recall_accuracy", "queries", out, d["eval"], ACCURACY_MIN)
+    h = dict(Q.HYPER)
     ablation = _ablation(ctx, d, h, acc)
-    _compiled_step(ctx, d, h)
+    P.compiled_step(ctx, Q, d, seed=SEED, tiny=TINY, variants=(IntOps,))
     ctx.evidence(
         f"One KDA layer trained {STEPS} steps in integers on MQAR ({Q.PAIRS} pairs, "
         f"{Q.CONTEXT} tokens): {acc:.1%} of held-out queries, {out['val'][-1]:.3f} bits/query "
@@ -138,27 +107,6 @@ def _ablation(ctx: GateContext, d: dict, h: dict, acc: float) -> dict:
         margin=ABLATION_MARGIN,
     )
     return ablation
-
-
-def _compiled_step(ctx: GateContext, d: dict, h: dict) -> None:
-    tokens, targets = d["train"][0]
-    tiny = [(tokens[:1, TINY].copy(), targets[:1, TINY].copy())]
-    runs, seconds = {}, {}
-    for name, load in (("compiled", ctx.compiled), ("interpreted", ctx.interpreted)):
-        t0 = time.perf_counter()
-        out = S.run(IntOps(load), S.init(Q.CONFIG, SEED), Q.CONFIG, tiny, tiny[0], 1, h, 1,
-                    Q.FIXED)  # fmt: skip
-        runs[name] = digest(*S.result_arrays(out))
-        seconds[name] = time.perf_counter() - t0
-    ctx.check(
-        "compiled_step",
-        "one training step on 16 tokens of one sequence (forward, backward, Per-Head Muon and "
-        "AdamW) gives bit-identical results compiled and run by CPython from the same sources",
-        runs["compiled"] == runs["interpreted"],
-        kind="compiled",
-        digests=runs,
-        speed_ratio=seconds["interpreted"] / max(seconds["compiled"], 1e-9),
-    )
 
 
 def _artifacts(ctx, out, twin, ablation, d, int_s) -> None:

@@ -56,14 +56,6 @@ def sequences(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]
     return tokens, targets
 
 
-def data(seed: int, steps: int, batch: int, held_out: int) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        "train": [sequences(rng, batch) for _ in range(steps)],
-        "eval": sequences(np.random.default_rng(seed + 1), held_out),
-    }
-
-
 # -- the model and its training --------------------------------------------------------------
 CONFIG = S.SeqConfig(vocab=VOCAB, d=64, kinds=("kda",))
 NO_LAYER = S.SeqConfig(vocab=VOCAB, d=64, kinds=())
@@ -107,7 +99,7 @@ def train_int(
     from .. import compile as kcompile
 
     ops = IntOps(kcompile.interpreted if interpreted else kcompile.load)
-    d = data(seed, steps, batch, held_out)
+    d = S.data(sequences, seed, steps, batch, held_out)
     out = S.run(ops, S.init(CONFIG, seed), CONFIG, d["train"], d["eval"], steps, h, eval_every,
                 FIXED)  # fmt: skip
     return S.result_arrays(out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,16 @@ class SeqConfig:
     # add an embedding of the previous token (token 0 before the first): the position signal a
     # NoPE attention layer lacks, as K3's short convolution gives its KDA layers
     shift: bool = False
+
+
+def data(sequences: Callable, seed: int, steps: int, batch: int, held_out: int) -> dict:
+    """A task's batches: `steps` training batches of `batch` sequences, and `held_out` sequences
+    from another seed. `sequences(rng, n)` returns (tokens, targets), each [n, T]."""
+    rng = np.random.default_rng(seed)
+    return {
+        "train": [sequences(rng, batch) for _ in range(steps)],
+        "eval": sequences(np.random.default_rng(seed + 1), held_out),
+    }
 
 
 def param_specs(cfg: SeqConfig, fixed: tuple[str, ...] = ()) -> dict[str, tuple]:

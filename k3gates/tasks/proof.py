@@ -1,0 +1,116 @@
+"""What every task gate of issue 15 does the same way: train the integer model beside its float64
+twin through the shared training helper, hold the held-out accuracy to its bar, and hold one
+compiled training step to CPython's.
+
+A task module (mqar/task.py, induction/task.py) gives CONFIG, HYPER, BATCH, HELD_OUT,
+`sequences(rng, n)`, FIXED (the weights it does not train; optional) and `train_int`, the
+integer run as one call for the fresh-process rerun.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import ModuleType
+
+import numpy as np
+
+from ..gate import GateContext, digest
+from ..k3mu.ops import FloatOps, IntOps
+from ..training import check_training, start_rerun
+from . import seq as S
+
+
+def train_beside_twin(
+    ctx: GateContext,
+    task: ModuleType,
+    *,
+    steps: int,
+    seed: int,
+    eval_every: int,
+    threshold: float,
+    start_tol: float,
+    unit: str,
+) -> tuple[dict, dict, dict, float]:
+    """Train the task's integer model and its float64 twin on the same batches and record the
+    shared training checks: the start within `start_tol` of log2(vocab) (knowing nothing), the
+    held-out loss below `threshold`, the twin curve within the gate's declared bound, and a
+    bit-identical fresh-process rerun. Returns the data, the integer and twin runs, and the
+    integer run's seconds."""
+    cfg, h, fixed = task.CONFIG, dict(task.HYPER), getattr(task, "FIXED", ())
+    rerun = start_rerun(ctx, "train_int", (steps, seed, eval_every, h), python_module=task.__name__)
+    d = S.data(task.sequences, seed, steps, task.BATCH, task.HELD_OUT)
+    t0 = time.perf_counter()
+    out = S.run(IntOps(ctx.compiled), S.init(cfg, seed), cfg, d["train"], d["eval"], steps, h,
+                eval_every, fixed)  # fmt: skip
+    int_s = time.perf_counter() - t0
+    twin = S.run(FloatOps(), S.twin_params(S.init(cfg, seed)), cfg, d["train"], d["eval"],
+                 steps, h, eval_every, fixed)  # fmt: skip
+    check_training(
+        ctx,
+        curve=np.array(out["val"]),
+        twin=np.array(twin["val"]),
+        threshold=threshold,
+        unit=unit,
+        rerun=rerun,
+        first=S.result_arrays(out),
+        start_near=(math.log2(cfg.vocab), start_tol),
+    )
+    return d, out, twin, int_s
+
+
+def check_accuracy(
+    ctx: GateContext, name: str, what: str, out: dict, held_out: tuple, minimum: float
+) -> float:
+    """The trained integer model's held-out accuracy (its last evaluation) at least `minimum`.
+    `what` names the scored positions ("queries")."""
+    acc = out["accuracy"][-1]
+    scored = int(np.sum(held_out[1] >= 0))
+    ctx.check(
+        name,
+        f"the trained integer model predicts at least {minimum:.0%} of the {scored} {what} of "
+        f"{held_out[0].shape[0]} held-out sequences",
+        acc >= minimum,
+        message=f"accuracy {acc:.4f} < {minimum}",
+        accuracy=acc,
+        minimum=minimum,
+        start=out["accuracy"][0],
+        scored=scored,
+    )
+    return acc
+
+
+def compiled_step(
+    ctx: GateContext,
+    task: ModuleType,
+    d: dict,
+    *,
+    seed: int,
+    tiny: slice,
+    variants: tuple,
+    what: str = "",
+) -> None:
+    """One training step of each ops class in `variants` on the `tiny` positions of the first
+    training sequence, compiled and run by CPython from the same sources: bit-identical."""
+    tokens, targets = d["train"][0]
+    batch = [(tokens[:1, tiny].copy(), targets[:1, tiny].copy())]
+    cfg, h, fixed = task.CONFIG, dict(task.HYPER), getattr(task, "FIXED", ())
+    runs, seconds = {}, {}
+    for name, load in (("compiled", ctx.compiled), ("interpreted", ctx.interpreted)):
+        t0 = time.perf_counter()
+        outs = [
+            S.run(ops(load), S.init(cfg, seed), cfg, batch, batch[0], 1, h, 1, fixed)
+            for ops in variants
+        ]
+        runs[name] = digest(*[a for out in outs for a in S.result_arrays(out)])
+        seconds[name] = time.perf_counter() - t0
+    ctx.check(
+        "compiled_step",
+        f"one training step on {tiny.stop - tiny.start} tokens of one sequence (forward, "
+        f"backward, Per-Head Muon and AdamW){what} gives bit-identical results compiled and run "
+        "by CPython from the same sources",
+        runs["compiled"] == runs["interpreted"],
+        kind="compiled",
+        digests=runs,
+        speed_ratio=seconds["interpreted"] / max(seconds["compiled"], 1e-9),
+    )
