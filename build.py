@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import tomllib
@@ -693,15 +694,45 @@ def build_census(
     for g, r in zip(gates, results, strict=True):
         attach_faults(g, content.faults.get(g["id"]))
         g["other_cpus"] = compare_digests(g, r, content.digests, prov)
-    return {
-        "$schema": f"/{SCHEMA_FILE}",
-        "schema": CENSUS_SCHEMA,
-        "provenance": prov,
-        **table,
-        "arithmetic": f"floor(1000 × {table['score_sum']} / {table['score_max']}) = "
-        f"{table['permille']}",
-        "gates": gates,
-    }
+    return machine_paths_removed(
+        {
+            "$schema": f"/{SCHEMA_FILE}",
+            "schema": CENSUS_SCHEMA,
+            "provenance": prov,
+            **table,
+            "arithmetic": f"floor(1000 × {table['score_sum']} / {table['score_max']}) = "
+            f"{table['permille']}",
+            "gates": gates,
+        }
+    )
+
+
+# What a published path may not carry: where this checkout, and this Python, happen to live.
+MACHINE_PREFIXES = tuple(
+    dict.fromkeys(
+        f"{p}/"
+        for p in (
+            ROOT,
+            sysconfig.get_path("purelib"),
+            sysconfig.get_path("platlib"),
+            sysconfig.get_path("stdlib"),
+        )
+    )
+)
+
+
+def machine_paths_removed(value: Any) -> Any:
+    """`value` with every path under the repository made relative to it, and every path into
+    Python's own library made relative to that library (a gate error names numpy's file)."""
+    if isinstance(value, str):
+        for prefix in MACHINE_PREFIXES:
+            value = value.replace(prefix, "")
+        return value
+    if isinstance(value, dict):
+        return {k: machine_paths_removed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [machine_paths_removed(v) for v in value]
+    return value
 
 
 def attach_faults(g: dict[str, Any], rec: dict[str, Any] | None) -> None:
