@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
 import sys
@@ -441,6 +442,26 @@ def test_every_section_clean_under_csp_with_screenshots(lesson: Lesson, shots: P
     assert all(p.stat().st_size > 0 for p in saved)
     assert len(saved) == len(sections)
     assert not lesson.rec.problems(), "\n".join(lesson.rec.problems())
+
+
+TOC_LAYOUT = """ol => [...ol.children].map(li => {
+    const r = li.getBoundingClientRect(), s = getComputedStyle(li);
+    return {display: s.display, numbering: getComputedStyle(ol).listStyleType,
+            left: r.left - ol.getBoundingClientRect().left, top: r.top, bottom: r.bottom,
+            text: li.textContent};
+})"""
+
+
+def test_the_toc_is_a_numbered_list_one_entry_per_line(lesson: Lesson):
+    """Each section is a list item with its own number: on a line of its own, with room to the
+    left of its text for the number (a flowing row once ran numbers into the entry before)."""
+    rows = lesson.page.eval_on_selector(".toc ol", TOC_LAYOUT)
+    assert [r["text"] for r in rows] and len(rows) == len(_front_matter_sections())
+    for r in rows:
+        assert (r["display"], r["numbering"]) == ("list-item", "decimal"), r
+        assert r["left"] >= 16, f"no room for the number of {r['text']!r}"
+    for before, after in itertools.pairwise(rows):
+        assert after["top"] >= before["bottom"] - 1, f"{after['text']!r} shares a line"
 
 
 def test_the_violation_recorder_does_catch_an_inline_script(browser: Any, site: str):
