@@ -846,7 +846,7 @@ def _environment(templates: Path) -> jinja2.Environment:
     env.filters["commas"] = lambda n: f"{n:,}"
     env.filters["num"] = _format_number
     env.filters["ylog"] = lambda v, on: math.log10(v) if on else float(v)
-    env.filters["yunlog"] = lambda v, on: 10.0**v if on else v
+    env.globals["chart_axes"] = chart_axes
     return env
 
 
@@ -854,6 +854,68 @@ def _bytecode_cache() -> jinja2.BytecodeCache:
     folder = kcompile.cache_root() / "jinja"
     folder.mkdir(parents=True, exist_ok=True)
     return jinja2.FileSystemBytecodeCache(str(folder))
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """At most `count` + 1 round values, 1, 2 or 5 times a power of ten apart, from the last one
+    at or below `lo` to the first one at or above `hi`. Integers when the step is one or more."""
+    if hi <= lo:
+        hi = lo + 1
+    power = 10.0 ** math.floor(math.log10((hi - lo) / count))
+    for step in (m * power for m in (1, 2, 5, 10, 20)):  # the finest step giving <= count gaps
+        first = math.floor(lo / step + 1e-9)
+        last = math.ceil(hi / step - 1e-9)
+        if last - first <= count:
+            break
+    ticks = [round(k * step, 12) for k in range(first, last + 1)]
+    return [int(t) for t in ticks] if step >= 1 else ticks
+
+
+def chart_axes(data: dict[str, Any]) -> dict[str, Any]:
+    """The plot ranges and labelled ticks of a line chart (templates/charts.html).
+
+    y: `y_ticks` [[value, label], ...] as given (level names), else round ticks over `y_range`
+    or over the data, threshold and lines; on a log axis, powers of ten (six at most).
+    x: `x_labels` (one per point: recorded builds) at four points at most, else round ticks
+    inside the data.
+    Returned y0, y1 are in plot space (log10 on a log axis)."""
+    log_y = data.get("log_y", False)
+    ys = [v for vals in data["series"].values() for v in vals
+          if v is not None and (not log_y or v > 0)]  # fmt: skip
+    ys += [data["threshold"]] if data.get("threshold") is not None else []
+    ys += [ln["y"] for ln in data.get("lines", [])]
+    xs = data["x"]
+    if not xs or not ys:
+        return {}
+    if data.get("y_ticks"):
+        yticks = [(float(v), str(label)) for v, label in data["y_ticks"]]
+    elif log_y:
+        low, high = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
+        every = max(1, math.ceil((high - low) / 5))  # decades per tick: six ticks at most
+        high = low + every * max(1, math.ceil((high - low) / every))
+        yticks = [(float(k), _format_number(10.0**k)) for k in range(low, high + 1, every)]
+    else:
+        lo, hi = data.get("y_range") or (min(ys), max(ys))
+        yticks = [(float(v), _format_number(v)) for v in nice_ticks(lo, hi)]
+    x0, x1 = min(xs), max(xs)
+    if data.get("x_labels"):  # long labels: four at most, the outer ones kept inside the plot
+        every = max(1, math.ceil(len(xs) / 4))
+        picked = range(0, len(xs), every)
+        xticks = [(xs[i], data["x_labels"][i],
+                   "start" if i == 0 and len(picked) > 1 else "end" if i == len(xs) - 1 else
+                   "middle") for i in picked]  # fmt: skip
+    else:  # steps and counts are never labelled with a fraction
+        whole = all(isinstance(v, int) for v in xs)
+        xticks = [(v, _format_number(v), "middle") for v in nice_ticks(x0, x1)
+                  if x0 <= v <= x1 and (not whole or float(v).is_integer())]  # fmt: skip
+    return {
+        "x0": x0,
+        "x1": x1 if x1 > x0 else x0 + 1,
+        "y0": yticks[0][0],
+        "y1": yticks[-1][0],
+        "yticks": yticks,
+        "xticks": xticks,
+    }
 
 
 def _format_number(v: Any) -> str:
@@ -935,11 +997,14 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
         pages.append(url)
 
     hist = content.history
-    x = list(range(1, len(hist) + 1))
+    x = list(range(len(hist)))
+    builds = [f"{r['built_at'][:10]} {r['commit'][:7]}" for r in hist]
     coverage = {
         "x": x,
-        "series": {"permille": [r["permille"] for r in hist]},
-        "xlabel": "recorded build",
+        "x_labels": builds,
+        "series": {"coverage of the ten innovations (permille)": [r["permille"] for r in hist]},
+        "y_range": [0, 1000],
+        "xlabel": "recorded build (date, commit)",
         "ylabel": "permille",
     }
     page("/", "index.html", intro=content.index, coverage=coverage)
@@ -947,9 +1012,11 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
         mine = [gates[g] for g in rows[inno]["gates"]]
         levels = {
             "x": x,
-            "series": {"level": [r["scores"].get(inno) for r in hist]},
-            "xlabel": "recorded build",
-            "ylabel": "score (0 GAP … 4 PROVEN)",
+            "x_labels": builds,
+            "series": {f"level of {pg.meta['title']}": [r["scores"].get(inno) for r in hist]},
+            "y_ticks": [[int(level), level.name] for level in Level],
+            "xlabel": "recorded build (date, commit)",
+            "ylabel": "level",
         }
         page(
             f"/innovations/{inno}/",

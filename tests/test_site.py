@@ -3,7 +3,9 @@ internal link and anchor resolves, census.json matches its shipped schema."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 import subprocess
 import sysconfig
@@ -14,6 +16,8 @@ from urllib.parse import unquote, urlsplit
 import jsonschema
 import pytest
 from conftest import ROOT, BuildRun
+
+from k3gates.registry import Level
 
 # tags whose URL attributes the browser fetches by itself (a plain <a> is only a link)
 FETCHED = {
@@ -88,6 +92,51 @@ def test_no_published_file_names_a_path_of_the_build_machine(built_site: BuildRu
     files = [f for g in built_site.census["gates"] for c in g["checks"]
              for f in (c.get("values") or {}).get("files", [])]  # fmt: skip
     assert files and all(f.startswith("k3gates/") for f in files)
+
+
+SVG = re.compile(r"<svg.*?</svg>", re.S)
+TICK = re.compile(r'<text[^>]*class="tick (x|y)"[^>]*>([^<]*)</text>')
+BUILD = re.compile(r"\d{4}-\d\d-\d\d [0-9a-f]{7}")
+
+
+def _charts(page: Path) -> list[dict[str, list[str]]]:
+    charts = []
+    for svg in SVG.findall(page.read_text()):
+        ticks: dict[str, list[str]] = {"x": [], "y": []}
+        for axis, label in TICK.findall(svg):
+            ticks[axis].append(label)
+        if ticks["y"]:
+            charts.append(ticks)
+    return charts
+
+
+def _round_steps(labels: list[str]) -> bool:
+    """Evenly spaced by 1, 2 or 5 times a power of ten."""
+    v = [float(s.replace(",", "")) for s in labels]
+    steps = {round(b - a, 12) for a, b in itertools.pairwise(v)}
+    if len(steps) != 1:
+        return False
+    (step,) = steps
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    return any(math.isclose(mantissa, m) for m in (1, 2, 5))
+
+
+def test_chart_ticks_are_round_numbers_builds_or_level_names(built_site: BuildRun):
+    site, levels = built_site.out, [level.name for level in Level]
+    (coverage,) = _charts(site / "index.html")
+    assert coverage["y"] == ["0", "200", "400", "600", "800", "1,000"]
+    assert coverage["x"] and all(BUILD.fullmatch(label) for label in coverage["x"])
+    for inno in built_site.census["innovations"]:
+        (history,) = [c for c in _charts(site / "innovations" / inno["id"] / "index.html")
+                      if c["y"] == levels]  # fmt: skip
+        assert history["x"] and all(BUILD.fullmatch(label) for label in history["x"])
+    curves = [c for page in sorted(site.glob("gates/*/index.html")) for c in _charts(page)]
+    curves += [c for page in sorted(site.glob("k3mu/index.html")) for c in _charts(page)]
+    assert curves
+    for chart in curves:
+        powers = all(re.fullmatch(r"1(0*|e[-+]\d+)|0\.0*1", label) for label in chart["y"])
+        assert len(chart["y"]) >= 2 and (_round_steps(chart["y"]) or powers), chart
+        assert all(label.replace(",", "").lstrip("-").isdigit() for label in chart["x"]), chart
 
 
 def _resolve(site: Path, page_name: str, url: str) -> Path | None:
