@@ -13,6 +13,7 @@ python -m k3gates train k3mu --steps N --out DIR
                                        checkpoint, the curves and weight digests every K steps
 python -m k3gates sample k3mu --prompt "ROMEO:" --chars 300 --seed 1
                                        text from the committed run, by the integer sampler
+python -m k3gates mcp [--root DIR]     serve the last published census over MCP (stdio)
 """
 
 from __future__ import annotations
@@ -213,7 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--run", type=Path, default=None, help="a run folder (default: the committed one)"
     )
+    m = sub.add_parser("mcp", help="serve the published census over MCP (stdio)")
+    m.add_argument("--root", type=Path, default=DEFAULT_SITE, help="a published site folder")
     args = p.parse_args(argv)
+    if args.command == "mcp":
+        from . import mcp_server
+
+        mcp_server.server(args.root.resolve()).run()
+        return 0
     if args.command == "train":
         from .k3mu import cli
 
