@@ -25,17 +25,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SITE = Path(__file__).resolve().parent.parent / "public"
+from .published import DEFAULT_SITE, NoCensus, read_census
 
 
 def load(site: Path) -> dict[str, Any]:
-    path = site / "census.json"
-    if not path.is_file():
-        raise SystemExit(f"{path}: no census here; run `python build.py` first")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+        return read_census(site)
+    except NoCensus as e:
+        raise SystemExit(str(e)) from None
 
 
 def table(census: dict[str, Any], width: int) -> str:

@@ -14,14 +14,14 @@ traceback. Register it with an MCP client (README, "Query it over MCP").
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "public"
+from . import published
+
 ROW_FIELDS = ("level", "claim", "killed", "kill_reason", "gates_passed", "gates_total",
               "checks_passed", "checks_total", "evidence", "next")  # fmt: skip
 CHECK_FIELDS = ("name", "kind", "proves", "passed", "bound", "measured", "unit", "digests",
@@ -32,13 +32,10 @@ PROVENANCE_FIELDS = ("git_commit", "git_dirty", "built_at", "cpu", "cpu_vector",
 
 def read_census(root: Path) -> dict[str, Any]:
     """The census.json under `root`, or a ToolError that says how to make one."""
-    path = root / "census.json"
-    if not path.is_file():
-        raise ToolError(f"no published build at {root}: run `python build.py` (or pass --root)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ToolError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); rebuild it") from None
+        return published.read_census(root)
+    except published.NoCensus as e:
+        raise ToolError(str(e)) from None
 
 
 def census_summary(census: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +85,7 @@ def gate_detail(census: dict[str, Any], gate_id: str) -> dict[str, Any]:
     }
 
 
-def server(root: Path = DEFAULT_ROOT) -> MCPServer:
+def server(root: Path = published.DEFAULT_SITE) -> MCPServer:
     """The MCP server over the published build in `root`."""
     app = MCPServer(
         name="k3-sovereign-coverage",
