@@ -122,7 +122,7 @@ def gate(
             timeout=float(timeout),
             requires=tuple(requires),
             func=func,
-            title=doc.splitlines()[0] if doc else id,
+            title=first_sentence(doc) or id,
             doc=doc,
             file=code.co_filename,
             line=code.co_firstlineno,
@@ -130,6 +130,16 @@ def gate(
         return func
 
     return register
+
+
+# A sentence ends at . ! or ? before a space and a capital or "(", or at the paragraph end.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, whole, its line breaks made spaces."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    return _SENTENCE_END.split(paragraph, maxsplit=1)[0]
 
 
 def digest(*arrays: Any) -> str:

@@ -1,5 +1,10 @@
+import importlib
+from pathlib import Path
+
 import pytest
 
+import k3gates
+from k3gates.gate import REGISTRY, first_sentence
 from k3gates.registry import ALIASES, INNOVATIONS, Level, UnknownInnovation, canonical
 
 REQUIRED_ALIASES = {
@@ -54,3 +59,25 @@ def test_ladder_scores():
     assert Level.parse("strong") is Level.STRONG
     with pytest.raises(ValueError, match="unknown level 'HAV'; expected one of GAP, PARTIAL"):
         Level.parse("HAV")
+
+
+def test_a_gate_title_is_its_docstrings_first_sentence_whole():
+    doc = """The integer primitives (rounding shift, isqrt) are
+    exact: each equals Python's arithmetic. Second sentence.
+
+    Another paragraph."""
+    assert first_sentence(doc) == (
+        "The integer primitives (rounding shift, isqrt) are exact: each equals Python's arithmetic."
+    )
+    assert first_sentence("Q0.31 output, e.g. 2.5 LSB.\n\nMore.") == "Q0.31 output, e.g. 2.5 LSB."
+    assert first_sentence("At 2^20 tokens. (At 2^18 in a small run.)") == "At 2^20 tokens."
+
+
+def test_no_gate_title_ends_without_a_full_stop():
+    for file in sorted(Path(k3gates.__file__).parent.glob("*/gate.py")):
+        importlib.import_module(f"k3gates.{file.parent.name}.gate")
+    assert len(REGISTRY) >= 40
+    cut = {g.id: g.title for g in REGISTRY.values() if not g.title.endswith(".")}
+    assert not cut, f"titles cut mid-sentence (end the docstring's first sentence with '.'): {cut}"
+    for g in REGISTRY.values():
+        assert " ".join(g.doc.split()).startswith(g.title), g.id
