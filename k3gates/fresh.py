@@ -30,12 +30,24 @@ def run_digest(modname: str, func: str, args: tuple, *, threads: int, python: bo
     """The digest of compiled `modname.func(*args)` computed in a new process. With
     `python=True`, `modname` is a plain Python module (a training loop that only batches and
     calls kernels, which it loads compiled and guarded itself)."""
+    job = {"modname": modname, "func": func, "args": args, "python": python}
+    return _run(job, threads)["digest"]
+
+
+def run_peak(modname: str, func: str, args: tuple, *, threads: int) -> dict[str, Any]:
+    """Compiled `modname.func(*args)` in a new process, measured by the kernel of the OS: the
+    growth of the process's peak resident memory during the call (VmHWM after the call, reset
+    just before it, minus VmRSS before it), the bytes of each array the call returned, and the
+    digest. Keys: digest, peak_growth_bytes, output_bytes (a list, in return order)."""
+    job = {"modname": modname, "func": func, "args": args, "python": False, "peak": True}
+    return _run(job, threads)
+
+
+def _run(job: dict[str, Any], threads: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="k3fresh-") as tmp:
-        job = Path(tmp) / "job.pickle"
+        path = Path(tmp) / "job.pickle"
         out = Path(tmp) / "out.json"
-        job.write_bytes(
-            pickle.dumps({"modname": modname, "func": func, "args": args, "python": python})
-        )
+        path.write_bytes(pickle.dumps(job))
         env = {
             **os.environ,
             "OMP_NUM_THREADS": str(threads),
@@ -45,7 +57,7 @@ def run_digest(modname: str, func: str, args: tuple, *, threads: int, python: bo
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         }
         proc = subprocess.run(
-            [sys.executable, "-m", "k3gates.fresh", str(job), str(out)],
+            [sys.executable, "-m", "k3gates.fresh", str(path), str(out)],
             env=env,
             capture_output=True,
             text=True,
@@ -53,8 +65,16 @@ def run_digest(modname: str, func: str, args: tuple, *, threads: int, python: bo
         )
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stdout + proc.stderr)[-1500:]
-            raise FreshRunError(f"{modname}.{func} in a fresh process failed: {tail}")
-        return json.loads(out.read_text())["digest"]
+            raise FreshRunError(f"{job['modname']}.{job['func']} in a fresh process failed: {tail}")
+        return json.loads(out.read_text())
+
+
+def _status_kib(field: str) -> int:
+    """A `VmRSS`/`VmHWM` line of /proc/self/status, in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise FreshRunError(f"/proc/self/status has no {field} line (Linux only)")
 
 
 def main(argv: list[str]) -> int:
@@ -66,8 +86,18 @@ def main(argv: list[str]) -> int:
         module = importlib.import_module(job["modname"])
     else:
         module = kcompile.load(job["modname"])
-    result = getattr(module, job["func"])(*job["args"])
-    Path(argv[1]).write_text(json.dumps({"digest": digest(*_as_tuple(result))}))
+    func = getattr(module, job["func"])
+    report: dict[str, Any] = {}
+    if job.get("peak"):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
+        before = _status_kib("VmRSS")
+        result = func(*job["args"])
+        report["peak_growth_bytes"] = (_status_kib("VmHWM") - before) * 1024
+        report["output_bytes"] = [int(getattr(x, "nbytes", 0)) for x in _as_tuple(result)]
+    else:
+        result = func(*job["args"])
+    report["digest"] = digest(*_as_tuple(result))
+    Path(argv[1]).write_text(json.dumps(report))
     return 0
 
 
