@@ -89,7 +89,7 @@ def test_backward_bounds_recompute_in_exact_rationals():
         h * l1 * (2 * Fraction(1, 2**49) + e_c * q + col * do),
         h * e_c * q,
     )
-    for got, w in zip(K.backward_bounds_q10(n, h), want, strict=True):
+    for got, w in zip(K.backward_bounds_q10(n, h, n), want, strict=True):
         assert 513 + w * lsb <= got <= 513 + w * lsb + 2
 
 

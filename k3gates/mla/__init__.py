@@ -283,24 +283,20 @@ def backward_int(
     and dyq (int32 [T, D], Q.24): do, du (u = x W_g, the gate's input), dq (of the kernels' q,
     the scale included), dc_kv, dk_r; with P (Q0.62) and dS (Q.48) and the saturation count."""
     q, c_kv, k_r = r["q"], r["c_kv"], r["k_r"]
-    nope = iw.w_uk.shape[1]
     do, du, s0 = k.mla_output_backward(r["o"], xq, iw.w_g, iw.w_o, dyq)
-    p, s1 = k.mla_backward_probs(q, c_kv, k_r, iw.w_uk)
-    ds, s2 = k.mla_backward_scores(p, c_kv, iw.w_uv, do)
-    g, dq_r, s3 = k.mla_backward_g(ds, c_kv, k_r)
-    dq_c, s4 = k.mla_backward_qc(g, iw.w_uk)
-    e, f, s5 = k.mla_backward_ef(ds, p, q, do, nope)
-    dc, s6 = k.mla_backward_dc(e, f, iw.w_uk, iw.w_uv)
-    dk_r, s7 = k.mla_backward_dkr(ds, q, nope)
+    p, s1 = k.mla_backward_probs(q, 0, c_kv, k_r, iw.w_uk)
+    ds, s2 = k.mla_backward_scores(p, 0, c_kv, iw.w_uv, do)
+    dq, s3 = k.mla_backward_dq(ds, 0, c_kv, k_r, iw.w_uk)
+    dc, dk_r, s4 = k.mla_backward_dkv(ds, p, 0, q, do, iw.w_uk, iw.w_uv)
     return {
         "do": do,
         "du": du,
-        "dq": np.concatenate([dq_c, dq_r], axis=-1),
+        "dq": dq,
         "dc_kv": dc,
         "dk_r": dk_r,
         "p": p,
         "ds": ds,
-        "sat": sum(int(v) for v in (s0, s1, s2, s3, s4, s5, s6, s7)),
+        "sat": sum(int(v) for v in (s0, s1, s2, s3, s4)),
     }
 
 

@@ -713,9 +713,8 @@ def _end_to_end(ctx: GateContext, naive: dict, xq: np.ndarray, iw: IntWeights) -
 # == STRONG: the backward =======================================================================
 T_BWD = 48  # the backward's sequence length (P and dS are [H, T, T])
 BWD_SHAPE = {**SHAPE, "T": T_BWD}
-BWD_BOUNDS = dict(
-    zip(("dq_R", "dq_C", "dc_kv", "dk_r"), K.backward_bounds_q10(T_BWD, SHAPE["H"]), strict=True)
-)
+BWD_NAMES = ("dq_R", "dq_C", "dc_kv", "dk_r")
+BWD_BOUNDS = dict(zip(BWD_NAMES, K.backward_bounds_q10(T_BWD, SHAPE["H"], T_BWD), strict=True))
 Q24 = "LSB (2^-24)"
 FD_POINTS = 10  # finite-difference coordinates per input (q, c_KV, k_R, u)
 
@@ -900,28 +899,26 @@ def _backward_properties(ctx: GateContext, k, b: dict, r: dict, xq, iw: IntWeigh
 
 def _backward_contract(ctx: GateContext, k, xq, iw: IntWeights, r: dict, dyq, b: dict) -> None:
     real = f"the gate's real inputs (T = {T_BWD}, H = {SHAPE['H']})"
-    nope = SHAPE["nope"]
     check_compiled(
         ctx, "compiled_output_backward", "mla_output_backward", r["o"], xq, iw.w_g, iw.w_o, dyq,
         inputs=real,
     )  # fmt: skip
     check_compiled(
-        ctx, "compiled_probs", "mla_backward_probs", r["q"], r["c_kv"], r["k_r"], iw.w_uk,
+        ctx, "compiled_probs", "mla_backward_probs", r["q"], 0, r["c_kv"], r["k_r"], iw.w_uk,
         inputs=real,
     )  # fmt: skip
     check_compiled(
-        ctx, "compiled_scores", "mla_backward_scores", b["p"], r["c_kv"], iw.w_uv, b["do"],
+        ctx, "compiled_scores", "mla_backward_scores", b["p"], 0, r["c_kv"], iw.w_uv, b["do"],
         inputs=real,
     )  # fmt: skip
-    check_compiled(ctx, "compiled_g", "mla_backward_g", b["ds"], r["c_kv"], r["k_r"], inputs=real)
-    g, _, _ = k.mla_backward_g(b["ds"], r["c_kv"], r["k_r"])
-    check_compiled(ctx, "compiled_qc", "mla_backward_qc", g, iw.w_uk, inputs=real)
     check_compiled(
-        ctx, "compiled_ef", "mla_backward_ef", b["ds"], b["p"], r["q"], b["do"], nope, inputs=real
-    )
-    e, f, _ = k.mla_backward_ef(b["ds"], b["p"], r["q"], b["do"], nope)
-    check_compiled(ctx, "compiled_dc", "mla_backward_dc", e, f, iw.w_uk, iw.w_uv, inputs=real)
-    check_compiled(ctx, "compiled_dkr", "mla_backward_dkr", b["ds"], r["q"], nope, inputs=real)
+        ctx, "compiled_dq", "mla_backward_dq", b["ds"], 0, r["c_kv"], r["k_r"], iw.w_uk,
+        inputs=real,
+    )  # fmt: skip
+    check_compiled(
+        ctx, "compiled_dkv", "mla_backward_dkv", b["ds"], b["p"], 0, r["q"], b["do"], iw.w_uk,
+        iw.w_uv, inputs=real,
+    )  # fmt: skip
     from dataclasses import replace
 
     perm = np.array([1, 3, 0, 2])
@@ -958,5 +955,5 @@ def _backward_contract(ctx: GateContext, k, xq, iw: IntWeights, r: dict, dyq, b:
         f"the backward's dS = P ⊙ (dP − μ) over the gate's {T_BWD} tokens (heads in parallel "
         "under OpenMP) is bit-identical here and in fresh processes with 1 and 2 threads",
         "mla_backward_scores",
-        b["p"], r["c_kv"], iw.w_uv, b["do"],
+        b["p"], 0, r["c_kv"], iw.w_uv, b["do"],
     )  # fmt: skip

@@ -93,7 +93,7 @@ real units (P the exact softmax of the exact scores, primes the integers):
     dq_R  <= 1/2 + E_S KR;  dq_C <= 1/2 + L1 (2^-49 + E_S C)   (g = sum_s dS c rounded to Q.48)
     dc_KV <= 1/2 + H L1 ((2^-49 + E_C Q) + (2^-49 + n (rho + a) DO))   (e, f rounded to Q.48)
     dk_R  <= 1/2 + H E_C Q
-each times 2^24 for LSB, plus 2^-10 LSB for float64's own error: backward_bounds_q10(n, H). The
+each times 2^24 for LSB, plus 2^-10 LSB for float64's own error: backward_bounds_q10(n, H, n). The
 domain: |dP| <= DP = 2^BWD_DP_BITS, |do| <= DO, |c_KV| <= C, |k_R| <= KR, |q| <= Q, the row and
 column L1 norms of W_UK, W_UV <= L1 (the BWD_*_BITS constants); the STRONG gate measures each.
 do = dG sigma(u) and du = dG o sigma(1 - sigma) (dG = W_O^T dy exact): OUT_GRAD_MAX_ERR, see
@@ -618,21 +618,23 @@ def softmax_row_q62(z, t, n, frac, out):
     return zb
 
 
-def backward_bounds_q10(n, n_h):
+def backward_bounds_q10(n, n_h, rows):
     """Declared bounds (dq_R, dq_C, dc_KV, dk_R) of mla_backward_* against the float64 backward
-    on the same integer inputs, in 2^-10 LSB of Q.24, for rows of <= n keys and n_h heads, within
-    the domain BWD_*_BITS (module docstring, "backward"). All terms are upper bounds in units of
-    2^-70 (an integer per real), rounded up; the last + 1 is float64's own error (2^-10 LSB)."""
+    on the same integer inputs, in 2^-10 LSB of Q.24, for rows of <= n keys, key columns summed
+    over <= `rows` query rows (n for a whole sequence; fewer for k3gates.mlagrad's query rows)
+    and n_h heads, within the domain BWD_*_BITS (module docstring, "backward"). All terms are
+    upper bounds in units of 2^-70 (an integer per real), rounded up; the last + 1 is float64's
+    own error (2^-10 LSB)."""
     rho = 1 << 23  # 2^-47 >= 1.001 2^-48: z in Q.48 moves each p by a factor e^(+-2^-48)
     a = (1 << 18) + n * (1 << 7)  # 2^-52 + n 2^-63: the softmax's own error, per element
     row = rho + n * a  # sum_s |p_s - P_s| for one query row
-    col = n * (rho + a)  # sum_t |p_ts - P_ts| for one key column (column sums of P <= n)
+    col = rows * (rho + a)  # sum_t |p_ts - P_ts| for one key column (its sum of P <= rows)
     e_dp = 1 << 21  # dp rounded to Q.48: 2^-49
     e_mu = (1 << 15) + (row << BWD_DP_BITS) + (1 << 22)  # mu in Q.54; sum |dp| |dP - dp|
     e = e_dp + e_mu
     big = 1 << (BWD_DP_BITS + 1)  # |dP - mu| <= 2 DP
     e_s = n * (1 << 21) + row * big + ((row * e) >> 70) + 1 + 2 * e  # sum_s |dS_int - dS|
-    e_c = n * (1 << 21) + col * big + ((col * e) >> 70) + 1 + n * e  # sum_t |dS_int - dS|
+    e_c = rows * (1 << 21) + col * big + ((col * e) >> 70) + 1 + rows * e  # sum_t |dS err|
     unit = 36  # a real error in 2^-70 units -> 2^-10 LSB of Q.24: x 2^24 2^10 / 2^70
     dq_r = 513 + (((e_s << BWD_KR_BITS) + (1 << unit) - 1) >> unit)
     g = (1 << 21) + (e_s << BWD_C_BITS)  # |g_int - g|: its rounding to Q.48 and sum_s |dS err| |c|
@@ -684,217 +686,211 @@ def mla_output_backward(o, x, w_g, w_o, dy):
     return do, du, int(np.sum(sat))
 
 
-# pythran export mla_backward_probs(int32[:,:,:] order(C), int32[:,:] order(C), int32[:,:] order(C), int32[:,:,:] order(C))
-def mla_backward_probs(q, c_kv, k_r, w_uk):
-    """P [H, T, T] in Q0.62 (int64; zero above the diagonal): the forward's exact score totals
-    (absorbed form, two limbs) rounded to Q.48 (saturating at |score| >= 2^12, counted) and
-    softmax_row_q62. Returns (P, saturations)."""
-    t_len, n_h, d_qk = q.shape[0], q.shape[1], q.shape[2]
-    nope, kv_lora = w_uk.shape[1], w_uk.shape[2]
+# The attention backward runs over query rows t = t0 .. t0 + R - 1, each over keys s <= t (q and
+# do hold those R rows; P and dS are [H, R, T]). t0 = 0 and R = T is the whole sequence's square
+# backward; a few rows at the end of a long cache (k3gates.mlagrad) hold O(R T), not O(T^2).
+# (The sums are split over four kernels: one function holding all of them made g++ pass the 6 GiB
+# compile cap, as mla_project once did.)
+# pythran export mla_backward_probs(int32[:,:,:] order(C), int, int32[:,:] order(C), int32[:,:] order(C), int32[:,:,:] order(C))
+def mla_backward_probs(q, t0, c_kv, k_r, w_uk):
+    """P [H, R, T] in Q0.62 (int64; zero for s > t): row r is query t = t0 + r (q [R, H, d_qk]
+    Q.20) over cache rows 0..t; the exact score totals rounded to Q.48 (saturating at
+    |score| >= 2^12, counted) and softmax_row_q62. Returns (P, saturations)."""
+    n_r, n_h, d_qk = q.shape[0], q.shape[1], q.shape[2]
+    t_len, kv_lora = c_kv.shape[0], c_kv.shape[1]
+    nope = w_uk.shape[1]
     rope = d_qk - nope
-    p = np.zeros((n_h, t_len, t_len), dtype=np.int64)
+    p = np.zeros((n_h, n_r, t_len), dtype=np.int64)
     sat = np.zeros(n_h, dtype=np.int64)
     # omp parallel for
     for h in range(n_h):
-        z = np.zeros((t_len, t_len), dtype=np.int64)
-        row = np.zeros((t_len, t_len), dtype=np.int64)
-        for t in range(t_len):
-            qa = np.zeros(kv_lora, dtype=np.int64)
+        z = np.zeros((n_r, t_len), dtype=np.int64)
+        row = np.zeros((n_r, t_len), dtype=np.int64)
+        qa = np.zeros(kv_lora, dtype=np.int64)
+        for r in range(n_r):
+            t = t0 + r
             # W_UK^T q_C, exact
+            for j in range(kv_lora):
+                qa[j] = 0
             for i in range(nope):
-                qi = int(q[t, h, i])
+                qi = int(q[r, h, i])
                 for j in range(kv_lora):
                     qa[j] += int(w_uk[h, i, j]) * qi
-            # score_ts, exact in two limbs, rounded to Q.48
+            # z_ts, exact in two limbs, rounded to Q.48
             for s in range(t + 1):
                 hi = 0
                 lo = 0
                 for j in range(kv_lora):
                     cj = int(c_kv[s, j])
-                    hi += (qa[j] >> SCORE_LIMB) * cj
-                    lo += (qa[j] & SCORE_MASK) * cj
-                r = 0
+                    hi += (int(qa[j]) >> SCORE_LIMB) * cj
+                    lo += (int(qa[j]) & SCORE_MASK) * cj
+                rs = 0
                 for i in range(rope):
-                    r += int(q[t, h, nope + i]) * int(k_r[s, i])
-                z[t, s] = score_round(hi, lo, r, BWD_Z_FRAC)
-                sat[h] += abs(z[t, s]) == Z_LIM
-            softmax_row_q62(z, t, t + 1, BWD_Z_FRAC, row)
+                    rs += int(q[r, h, nope + i]) * int(k_r[s, i])
+                zs = score_round(hi, lo, rs, BWD_Z_FRAC)
+                z[r, s] = zs
+                if abs(zs) == Z_LIM:
+                    sat[h] += 1
+            softmax_row_q62(z, r, t + 1, BWD_Z_FRAC, row)
             for s in range(t + 1):
-                p[h, t, s] = row[t, s]
+                p[h, r, s] = row[r, s]
     return p, int(np.sum(sat))
 
 
-# pythran export mla_backward_scores(int64[:,:,:] order(C), int32[:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C))
-def mla_backward_scores(p, c_kv, w_uv, do):
-    """dS [H, T, T] in Q.48 (int64): dS_ts = P_ts (dP_ts - mu_t), dP_ts = do_t . v_s,
-    mu_t = sum_s P_ts dP_ts. Absorbed: dl_t = W_UV^T do_t exact in Q.40 (< 2^55 for |do| < 2^4),
-    dP_ts = dl_t . c_s exact (wide, Q.56) rounded to Q.48 (|dP| saturates at 2^6, counted);
-    mu exact (wide, Q.110) rounded to Q.54; dS = mul_round(P, dP 2^6 - mu, 68): one rounding.
+# pythran export mla_backward_scores(int64[:,:,:] order(C), int, int32[:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C))
+def mla_backward_scores(p, t0, c_kv, w_uv, do):
+    """dS [H, R, T] in Q.48 (int64): dl_t = W_UV^T do_t exact in Q.40, dP_ts = dl_t . c_s
+    (wide, Q.56 -> Q.48, saturating at 2^6, counted), mu_t = sum_s P_ts dP_ts (wide, Q.110 ->
+    Q.54), dS_ts = mul_round(P_ts, dP_ts 2^6 - mu_t, 68). do [R, H, d_v] in Q.24.
     Returns (dS, saturations)."""
-    n_h, t_len = p.shape[0], p.shape[1]
+    n_h, n_r, t_len = p.shape[0], p.shape[1], p.shape[2]
     kv_lora, d_v = w_uv.shape[2], w_uv.shape[1]
-    ds = np.zeros((n_h, t_len, t_len), dtype=np.int64)
+    ds = np.zeros((n_h, n_r, t_len), dtype=np.int64)
     sat = np.zeros(n_h, dtype=np.int64)
     # omp parallel for
     for h in range(n_h):
         dl = np.zeros(kv_lora, dtype=np.int64)
         dp = np.zeros(t_len, dtype=np.int64)
-        for t in range(t_len):
+        for r in range(n_r):
+            t = t0 + r
             # dl = W_UV^T do_t (do clamped to the domain the bounds assume)
             for j in range(kv_lora):
                 dl[j] = 0
             for i in range(d_v):
-                di = clamp(int(do[t, h, i]), DO_LIM)
+                di = clamp(int(do[r, h, i]), DO_LIM)
                 for j in range(kv_lora):
                     dl[j] += int(w_uv[h, i, j]) * di
-            # dP_ts = dl . c_s (Q.56 -> Q.48);  mu = sum_s P_ts dP_ts (Q.110 -> Q.54)
+            # dP_ts = dl . c_s;  mu_t = sum_s P_ts dP_ts
             mh = 0
             ml = 0
             for s in range(t + 1):
                 wh = 0
                 wl = 0
                 for j in range(kv_lora):
-                    wh, wl = wide_add(wh, wl, dl[j], int(c_kv[s, j]))
-                dp[s] = wide_round(wh, wl, 56 - BWD_FRAC, DP_LIM)
-                sat[h] += abs(dp[s]) >= DP_LIM
-                mh, ml = wide_add(mh, ml, p[h, t, s], dp[s])
+                    wh, wl = wide_add(wh, wl, int(dl[j]), int(c_kv[s, j]))
+                dps = wide_round(wh, wl, 56 - BWD_FRAC, DP_LIM)
+                dp[s] = dps
+                if abs(dps) >= DP_LIM:
+                    sat[h] += 1
+                mh, ml = wide_add(mh, ml, int(p[h, r, s]), dps)
             mu = wide_round(mh, ml, 62 + BWD_FRAC - BWD_MU_FRAC, MU_LIM)
             # dS_ts = P_ts (dP_ts - mu_t) in Q.48
             for s in range(t + 1):
-                x = dp[s] * (1 << (BWD_MU_FRAC - BWD_FRAC)) - mu
-                ds[h, t, s] = mul_round(p[h, t, s], x, 62 + BWD_MU_FRAC - BWD_FRAC)
+                x = int(dp[s]) * (1 << (BWD_MU_FRAC - BWD_FRAC)) - mu
+                ds[h, r, s] = mul_round(int(p[h, r, s]), x, 62 + BWD_MU_FRAC - BWD_FRAC)
     return ds, int(np.sum(sat))
 
 
-# (the gradient sums are split over several small kernels: one function holding all five of
-# them made g++ pass the 6 GiB compile cap, as mla_project once did)
-# pythran export mla_backward_g(int64[:,:,:] order(C), int32[:,:] order(C), int32[:,:] order(C))
-def mla_backward_g(ds, c_kv, k_r):
-    """(g int64 [H, T, kv_lora] Q.48, dq_R int32 [T, H, rope] Q.24, saturations):
-    g_t = sum_s dS_ts c_s (wide, Q.64, one rounding to Q.48, saturating at 2^8, counted) and
-    dq_R,t = sum_s dS_ts k_R,s (wide, Q.64, one rounding to Q.24)."""
-    n_h, t_len = ds.shape[0], ds.shape[1]
+# pythran export mla_backward_dq(int64[:,:,:] order(C), int, int32[:,:] order(C), int32[:,:] order(C), int32[:,:,:] order(C))
+def mla_backward_dq(ds, t0, c_kv, k_r, w_uk):
+    """(dq int32 [R, H, nope + rope] Q.24, saturations): g_t = sum_s dS_ts c_s (wide, Q.64 ->
+    Q.48, saturating at 2^8), dq_C,t = W_UK g_t (wide, Q.64 -> Q.24) and dq_R,t = sum_s dS_ts
+    k_R,s (wide, Q.64 -> Q.24)."""
+    n_h, n_r = ds.shape[0], ds.shape[1]
     kv_lora, rope = c_kv.shape[1], k_r.shape[1]
-    g = np.zeros((n_h, t_len, kv_lora), dtype=np.int64)
-    dq_r = np.zeros((t_len, n_h, rope), dtype=np.int32)
-    sat = 0
+    nope = w_uk.shape[1]
+    dq = np.zeros((n_r, n_h, nope + rope), dtype=np.int32)
+    sat = np.zeros(n_h, dtype=np.int64)
+    # omp parallel for
     for h in range(n_h):
-        for t in range(t_len):
+        g = np.zeros(kv_lora, dtype=np.int64)
+        for r in range(n_r):
+            t = t0 + r
             # g_t = sum_s dS_ts c_s
             for j in range(kv_lora):
                 wh = 0
                 wl = 0
                 for s in range(t + 1):
-                    wh, wl = wide_add(wh, wl, ds[h, t, s], int(c_kv[s, j]))
-                g[h, t, j] = wide_round(wh, wl, 64 - BWD_FRAC, G48_LIM)
-                sat += abs(g[h, t, j]) >= G48_LIM
-            # dq_R,t = sum_s dS_ts k_R,s
-            for i in range(rope):
-                wh = 0
-                wl = 0
-                for s in range(t + 1):
-                    wh, wl = wide_add(wh, wl, ds[h, t, s], int(k_r[s, i]))
-                v = wide_round(wh, wl, 64 - G_FRAC, G_LIM)
-                sat += abs(v) >= G_LIM
-                dq_r[t, h, i] = v
-    return g, dq_r, sat
-
-
-# pythran export mla_backward_qc(int64[:,:,:] order(C), int32[:,:,:] order(C))
-def mla_backward_qc(g, w_uk):
-    """(dq_C int32 [T, H, nope] Q.24, saturations): dq_C,t = W_UK g_t, wide in Q.64, one
-    rounding."""
-    n_h, t_len, kv_lora = g.shape[0], g.shape[1], g.shape[2]
-    nope = w_uk.shape[1]
-    dq_c = np.zeros((t_len, n_h, nope), dtype=np.int32)
-    sat = 0
-    for h in range(n_h):
-        for t in range(t_len):
+                    wh, wl = wide_add(wh, wl, int(ds[h, r, s]), int(c_kv[s, j]))
+                gj = wide_round(wh, wl, 64 - BWD_FRAC, G48_LIM)
+                g[j] = gj
+                if abs(gj) >= G48_LIM:
+                    sat[h] += 1
             # dq_C,t = W_UK g_t
             for i in range(nope):
                 wh = 0
                 wl = 0
                 for j in range(kv_lora):
-                    wh, wl = wide_add(wh, wl, int(w_uk[h, i, j]), g[h, t, j])
-                v = wide_round(wh, wl, 64 - G_FRAC, G_LIM)
-                sat += abs(v) >= G_LIM
-                dq_c[t, h, i] = v
-    return dq_c, sat
+                    wh, wl = wide_add(wh, wl, int(w_uk[h, i, j]), int(g[j]))
+                vc = wide_round(wh, wl, 64 - G_FRAC, G_LIM)
+                if abs(vc) >= G_LIM:
+                    sat[h] += 1
+                dq[r, h, i] = vc
+            # dq_R,t = sum_s dS_ts k_R,s
+            for i in range(rope):
+                wh = 0
+                wl = 0
+                for s in range(t + 1):
+                    wh, wl = wide_add(wh, wl, int(ds[h, r, s]), int(k_r[s, i]))
+                vr = wide_round(wh, wl, 64 - G_FRAC, G_LIM)
+                if abs(vr) >= G_LIM:
+                    sat[h] += 1
+                dq[r, h, nope + i] = vr
+    return dq, int(np.sum(sat))
 
 
-# pythran export mla_backward_ef(int64[:,:,:] order(C), int64[:,:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C), int)
-def mla_backward_ef(ds, p, q, do, nope):
-    """(e int64 [H, T, nope], f int64 [H, T, d_v], both Q.48, saturations): per key s,
-    e_s = sum_t dS_ts q_C,t (wide, Q.68) and f_s = sum_t P_ts do_t (wide, Q.86), each rounded
-    once to Q.48 and saturating at 2^8 (counted)."""
-    n_h, t_len, d_v = ds.shape[0], ds.shape[1], do.shape[2]
-    e = np.zeros((n_h, t_len, nope), dtype=np.int64)
-    f = np.zeros((n_h, t_len, d_v), dtype=np.int64)
-    sat = 0
-    for h in range(n_h):
-        for s in range(t_len):
-            # e_s = sum_t dS_ts q_C,t
+# pythran export mla_backward_dkv(int64[:,:,:] order(C), int64[:,:,:] order(C), int, int32[:,:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C))
+def mla_backward_dkv(ds, p, t0, q, do, w_uk, w_uv):
+    """(dc_KV int32 [T, kv_lora], dk_R int32 [T, rope], both Q.24, saturations): per cache row s
+    and head, e_s = sum_t dS_ts q_C,t (wide, Q.68 -> Q.48) and f_s = sum_t P_ts do_t (wide,
+    Q.86 -> Q.48), saturating at 2^8; then dc_s = sum_h W_UK^T e_s + W_UV^T f_s and dk_R,s =
+    sum_h sum_t dS_ts q_R,t, each one wide sum (Q.64, Q.68) rounded once. Rows in parallel."""
+    n_h, n_r, t_len = ds.shape[0], ds.shape[1], ds.shape[2]
+    nope, kv_lora = w_uk.shape[1], w_uk.shape[2]
+    d_v = w_uv.shape[1]
+    rope = q.shape[2] - nope
+    dc = np.zeros((t_len, kv_lora), dtype=np.int32)
+    dk_r = np.zeros((t_len, rope), dtype=np.int32)
+    sat = np.zeros(t_len, dtype=np.int64)
+    # omp parallel for
+    for s in range(t_len):
+        e = np.zeros((n_h, nope), dtype=np.int64)
+        f = np.zeros((n_h, d_v), dtype=np.int64)
+        first = max(s - t0, 0)  # the query rows t = t0 + r that see key s: t >= s
+        for h in range(n_h):
             for i in range(nope):
                 wh = 0
                 wl = 0
-                for t in range(s, t_len):
-                    wh, wl = wide_add(wh, wl, ds[h, t, s], int(q[t, h, i]))
-                e[h, s, i] = wide_round(wh, wl, 68 - BWD_FRAC, G48_LIM)
-                sat += abs(e[h, s, i]) >= G48_LIM
-            # f_s = sum_t P_ts do_t
+                for r in range(first, n_r):
+                    wh, wl = wide_add(wh, wl, int(ds[h, r, s]), int(q[r, h, i]))
+                ei = wide_round(wh, wl, 68 - BWD_FRAC, G48_LIM)
+                e[h, i] = ei
+                if abs(ei) >= G48_LIM:
+                    sat[s] += 1
             for i in range(d_v):
                 wh = 0
                 wl = 0
-                for t in range(s, t_len):
-                    wh, wl = wide_add(wh, wl, p[h, t, s], clamp(int(do[t, h, i]), DO_LIM))
-                f[h, s, i] = wide_round(wh, wl, 86 - BWD_FRAC, G48_LIM)
-                sat += abs(f[h, s, i]) >= G48_LIM
-    return e, f, sat
-
-
-# pythran export mla_backward_dc(int64[:,:,:] order(C), int64[:,:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C))
-def mla_backward_dc(e, f, w_uk, w_uv):
-    """(dc_KV int32 [T, kv_lora] Q.24, saturations): dc_s = sum_h W_UK^T e_s + W_UV^T f_s, one
-    wide sum over heads and both terms (Q.64), one rounding."""
-    n_h, t_len, nope = e.shape[0], e.shape[1], e.shape[2]
-    d_v, kv_lora = f.shape[2], w_uk.shape[2]
-    dc = np.zeros((t_len, kv_lora), dtype=np.int32)
-    sat = 0
-    for s in range(t_len):
+                for r in range(first, n_r):
+                    wh, wl = wide_add(wh, wl, int(p[h, r, s]), clamp(int(do[r, h, i]), DO_LIM))
+                fi = wide_round(wh, wl, 86 - BWD_FRAC, G48_LIM)
+                f[h, i] = fi
+                if abs(fi) >= G48_LIM:
+                    sat[s] += 1
+        # dc_s,j = sum_h (sum_i W_UK[h, i, j] e_s,i + sum_i W_UV[h, i, j] f_s,i)
         for j in range(kv_lora):
-            # dc_s,j = sum_h (sum_i W_UK[h, i, j] e_s,i + sum_i W_UV[h, i, j] f_s,i)
             wh = 0
             wl = 0
             for h in range(n_h):
                 for i in range(nope):
-                    wh, wl = wide_add(wh, wl, int(w_uk[h, i, j]), e[h, s, i])
+                    wh, wl = wide_add(wh, wl, int(w_uk[h, i, j]), int(e[h, i]))
                 for i in range(d_v):
-                    wh, wl = wide_add(wh, wl, int(w_uv[h, i, j]), f[h, s, i])
-            v = wide_round(wh, wl, 64 - G_FRAC, G_LIM)
-            sat += abs(v) >= G_LIM
-            dc[s, j] = v
-    return dc, sat
-
-
-# pythran export mla_backward_dkr(int64[:,:,:] order(C), int32[:,:,:] order(C), int)
-def mla_backward_dkr(ds, q, nope):
-    """(dk_R int32 [T, rope] Q.24, saturations): dk_R,s = sum_h sum_t dS_ts q_R,t, one wide sum
-    (Q.68), one rounding."""
-    n_h, t_len, rope = ds.shape[0], ds.shape[1], q.shape[2] - nope
-    dk_r = np.zeros((t_len, rope), dtype=np.int32)
-    sat = 0
-    for s in range(t_len):
+                    wh, wl = wide_add(wh, wl, int(w_uv[h, i, j]), int(f[h, i]))
+            vc = wide_round(wh, wl, 64 - G_FRAC, G_LIM)
+            if abs(vc) >= G_LIM:
+                sat[s] += 1
+            dc[s, j] = vc
+        # dk_R,s = sum_h sum_t dS_ts q_R,t
         for i in range(rope):
-            # dk_R,s = sum_h sum_t dS_ts q_R,t
             wh = 0
             wl = 0
             for h in range(n_h):
-                for t in range(s, t_len):
-                    wh, wl = wide_add(wh, wl, ds[h, t, s], int(q[t, h, nope + i]))
-            v = wide_round(wh, wl, 68 - G_FRAC, G_LIM)
-            sat += abs(v) >= G_LIM
-            dk_r[s, i] = v
-    return dk_r, sat
+                for r in range(first, n_r):
+                    wh, wl = wide_add(wh, wl, int(ds[h, r, s]), int(q[r, h, nope + i]))
+            vr = wide_round(wh, wl, 68 - G_FRAC, G_LIM)
+            if abs(vr) >= G_LIM:
+                sat[s] += 1
+            dk_r[s, i] = vr
+    return dc, dk_r, int(np.sum(sat))
 
 
 # pythran export mla_softmax(int64[:,:] order(C))
