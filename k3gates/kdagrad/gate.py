@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from k3gates import fresh
+from k3gates import fresh, gradcheck
 from k3gates.gate import GateContext, digest, gate
 
 from . import kernels as K
@@ -159,17 +159,7 @@ def _finite_differences() -> tuple[float, int]:
         "g_end": rng.standard_normal((b, d, d)),
     }
     grads = dict(zip(("q", "k", "v", "alpha", "beta", "s0"), ref.backward(**x), strict=True))
-    worst, n = 0.0, 0
-    for name, g in grads.items():
-        for flat in rng.choice(g.size, 4, replace=False):
-            idx = np.unravel_index(flat, g.shape)
-            up, down = x[name].copy(), x[name].copy()
-            up[idx] += FD_EPS
-            down[idx] -= FD_EPS
-            fd = (ref.loss(**{**x, name: up}) - ref.loss(**{**x, name: down})) / (2 * FD_EPS)
-            worst = max(worst, abs(fd - g[idx]) / max(abs(g[idx]), 1e-3))
-            n += 1
-    return worst, n
+    return gradcheck.worst_relative_error(ref.loss, x, grads, rng, eps=FD_EPS)
 
 
 @gate(

@@ -115,22 +115,25 @@ def chunk_bounds_q10(d_k, d_v, chunk):
     return dq, dv, ds
 
 
-# The per-head work is in two helpers that receive every array they write: the arrays' types are
+# The per-head work is in helpers that receive every array they write: the arrays' types are
 # then fixed by the caller, where arrays both written and read in one function made Pythran
 # combine their element types with every value stored (g++ spent minutes on those types).
 # (The keys are `keys` there: a helper parameter named `k` was typed as a scalar by Pythran 0.19.)
-def _forward_head(h, chunk, qs, keys, v, alpha, beta, s0, cur, u, w, o, s_end, s_kept, st):
-    """Head h's forward (module docstring), keeping the state at each chunk's start."""
-    t_len, d_v, d_k = v.shape[0], v.shape[2], keys.shape[2]
+def _chunk_states(h, t0, c_len, keys, v, alpha, beta, cs, ew, u, st):
+    """The forward over tokens t0 .. t0 + c_len - 1 of head h, from the state in cs[0:sz]: the
+    state after each token c into cs[(c + 1) sz:], e_t and w_t into ew[c]. The forward and the
+    backward's recompute both run it, so they make the same states bit for bit. Adds to st[h]
+    the saturations, the values outside DOMAIN (e, w, S) and the largest |S| (the forward's
+    states are counted there and again when the backward recomputes them)."""
+    d_v, d_k = v.shape[2], keys.shape[2]
     sz = d_k * d_v
     sat = 0
     out = 0
-    for m in range(sz):
-        cur[m] = int(s0[h, m // d_v, m % d_v])
-    for t in range(t_len):
-        if t % chunk == 0:
-            for m in range(sz):
-                s_kept[t // chunk, h, m // d_v, m % d_v] = cur[m]
+    s_max = 0
+    for c in range(c_len):
+        t = t0 + c
+        prev = c * sz
+        nxt = prev + sz
         for j in range(d_v):
             u[j] = 0
         # P = Diag(alpha_t) S_{t-1};  u = P^T k_t
@@ -138,10 +141,10 @@ def _forward_head(h, chunk, qs, keys, v, alpha, beta, s0, cur, u, w, o, s_end, s
             a = int(alpha[t, h, i])
             ki = int(keys[t, h, i])
             for j in range(d_v):
-                pd = rshift_round(a * int(cur[i * d_v + j]), A_FRAC)
-                cur[i * d_v + j] = pd
+                pd = rshift_round(a * int(cs[prev + i * d_v + j]), A_FRAC)
+                cs[nxt + i * d_v + j] = pd
                 u[j] += ki * pd
-        # w = beta_t (v_t - round(u))
+        # e = v_t - round(u);  w = beta_t e
         b = int(beta[t, h])
         for j in range(d_v):
             e = int(v[t, h, j]) - rshift_round(int(u[j]), QK_FRAC)
@@ -151,29 +154,60 @@ def _forward_head(h, chunk, qs, keys, v, alpha, beta, s0, cur, u, w, o, s_end, s
                 sat += 1
             if abs(e) > DOMAIN or abs(wy) > DOMAIN:
                 out += 1
-            w[j] = wy
-            u[j] = 0
-        # S_t = P + k_t w^T;  o_t = S_t^T (scale q_t)
+            ew[c, j] = e
+            ew[c, d_v + j] = wy
+        # S_t = P + k_t w^T
         for i in range(d_k):
             ki = int(keys[t, h, i])
-            qi = int(qs[t, h, i])
             for j in range(d_v):
-                sx = int(cur[i * d_v + j]) + rshift_round(ki * int(w[j]), QK_FRAC)
+                sx = int(cs[nxt + i * d_v + j]) + rshift_round(ki * int(ew[c, d_v + j]), QK_FRAC)
                 sy = min(max(sx, -DATA_MAX), DATA_MAX)
                 if sx != sy:
                     sat += 1
-                cur[i * d_v + j] = sy
-                u[j] += qi * sy
-        for j in range(d_v):
-            ox = rshift_round(int(u[j]), QK_FRAC)
-            oy = min(max(ox, -DATA_MAX), DATA_MAX)
-            if ox != oy:
-                sat += 1
-            o[t, h, j] = oy
-    for m in range(sz):
-        s_end[h, m // d_v, m % d_v] = cur[m]
+                if abs(sy) > DOMAIN:
+                    out += 1
+                s_max = max(s_max, abs(sy))
+                cs[nxt + i * d_v + j] = sy
     st[h, 0] += sat
     st[h, 1] += out
+    st[h, 2] = max(int(st[h, 2]), s_max)
+
+
+def _forward_head(h, chunk, qs, keys, v, alpha, beta, s0, cs, ew, u, o, s_end, s_kept, st):
+    """Head h's forward, chunk by chunk, keeping the state at each chunk's start;
+    o_t = S_t^T (scale q_t)."""
+    t_len, d_v, d_k = v.shape[0], v.shape[2], keys.shape[2]
+    sz = d_k * d_v
+    sat = 0
+    for m in range(sz):
+        cs[m] = s0[h, m // d_v, m % d_v]
+    for ci in range(s_kept.shape[0]):
+        t0 = ci * chunk
+        c_len = min(chunk, t_len - t0)
+        for m in range(sz):
+            s_kept[ci, h, m // d_v, m % d_v] = cs[m]
+        _chunk_states(h, t0, c_len, keys, v, alpha, beta, cs, ew, u, st)
+        for c in range(c_len):
+            t = t0 + c
+            nxt = (c + 1) * sz
+            for j in range(d_v):
+                u[j] = 0
+            for i in range(d_k):
+                qi = int(qs[t, h, i])
+                for j in range(d_v):
+                    u[j] += qi * int(cs[nxt + i * d_v + j])
+            for j in range(d_v):
+                ox = rshift_round(int(u[j]), QK_FRAC)
+                oy = min(max(ox, -DATA_MAX), DATA_MAX)
+                if ox != oy:
+                    sat += 1
+                o[t, h, j] = oy
+        # the chunk's last state starts the next chunk
+        for m in range(sz):
+            cs[m] = cs[c_len * sz + m]
+    for m in range(sz):
+        s_end[h, m // d_v, m % d_v] = cs[m]
+    st[h, 0] += sat
 
 
 def _backward_head(
@@ -187,7 +221,6 @@ def _backward_head(
     sz = d_k * d_v
     sat = 0
     out = 0
-    s_max = 0
     g_max = 0
     for m in range(sz):
         g[m] = int(ds_t[h, m // d_v, m % d_v])
@@ -196,35 +229,8 @@ def _backward_head(
         c_len = min(chunk, t_len - t0)
         for m in range(sz):
             cs[m] = s_kept[ci, h, m // d_v, m % d_v]
-        # the chunk's states again: the forward's operations, in the same order
-        for c in range(c_len):
-            t = t0 + c
-            prev = c * sz
-            nxt = prev + sz
-            for j in range(d_v):
-                u[j] = 0
-            for i in range(d_k):
-                a = int(alpha[t, h, i])
-                ki = int(keys[t, h, i])
-                for j in range(d_v):
-                    pd = rshift_round(a * int(cs[prev + i * d_v + j]), A_FRAC)
-                    cs[nxt + i * d_v + j] = pd
-                    u[j] += ki * pd
-            b = int(beta[t, h])
-            for j in range(d_v):
-                e = int(v[t, h, j]) - rshift_round(int(u[j]), QK_FRAC)
-                ew[c, j] = e
-                ew[c, d_v + j] = min(max(rshift_round(b * e, A_FRAC), -DATA_MAX), DATA_MAX)
-            for i in range(d_k):
-                ki = int(keys[t, h, i])
-                for j in range(d_v):
-                    add = rshift_round(ki * int(ew[c, d_v + j]), QK_FRAC)
-                    sx = int(cs[nxt + i * d_v + j]) + add
-                    sy = min(max(sx, -DATA_MAX), DATA_MAX)
-                    cs[nxt + i * d_v + j] = sy
-                    s_max = max(s_max, abs(sy))
-                    if abs(sy) > DOMAIN:
-                        out += 1
+        # the chunk's states again, by the forward's own code
+        _chunk_states(h, t0, c_len, keys, v, alpha, beta, cs, ew, u, st)
         for c in range(c_len - 1, -1, -1):
             t = t0 + c
             prev = c * sz
@@ -298,7 +304,6 @@ def _backward_head(
             g_kept[ci, h, m // d_v, m % d_v] = g[m]
     st[h, 0] += sat
     st[h, 1] += out
-    st[h, 2] = s_max
     st[h, 3] = g_max
 
 
@@ -332,12 +337,10 @@ def kda_backward(qs, k, v, alpha, beta, s0, do, ds_t, chunk):
     st = np.zeros((n_h, 4), dtype=np.int64)
     # omp parallel for
     for h in range(n_h):
-        cur = np.zeros(sz, dtype=np.int64)  # S, Q.20, row i at i d_v
-        u = np.zeros(d_v, dtype=np.int64)
-        w = np.zeros(d_v, dtype=np.int64)
-        _forward_head(h, chunk, qs, k, v, alpha, beta, s0, cur, u, w, o, s_end, s_kept, st)
         cs = np.zeros((chunk + 1) * sz, dtype=np.int32)  # S_{t0 - 1 + c} at c sz, Q.20
         ew = np.zeros((chunk, 2 * d_v), dtype=np.int64)  # e_t and w_t of the chunk, Q.20
+        u = np.zeros(d_v, dtype=np.int64)
+        _forward_head(h, chunk, qs, k, v, alpha, beta, s0, cs, ew, u, o, s_end, s_kept, st)
         g = np.zeros(sz, dtype=np.int64)  # G = dL/dS, Q.20
         gk = np.zeros(d_v, dtype=np.int64)
         de = np.zeros(d_v, dtype=np.int64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from k3gates import gradcheck
 from k3gates.gate import GateContext, gate
 
 from ..mla import kernels as mla_k
@@ -65,20 +66,11 @@ def _finite_differences() -> tuple[float, int]:
     x = _reals(_inputs(12, 3, seed=5))
     t0 = 9
     grads = dict(zip(("q", "c_kv", "k_r"), ref.rows_backward(t0=t0, **x), strict=True))
-    rng = np.random.default_rng(6)
-    worst, n = 0.0, 0
-    for name, g in grads.items():
-        for flat in rng.choice(g.size, 4, replace=False):
-            idx = np.unravel_index(flat, g.shape)
-            up, down = x[name].copy(), x[name].copy()
-            up[idx] += FD_EPS
-            down[idx] -= FD_EPS
-            fd = (ref.loss(t0=t0, **{**x, name: up}) - ref.loss(t0=t0, **{**x, name: down})) / (
-                2 * FD_EPS
-            )
-            worst = max(worst, abs(fd - g[idx]) / max(abs(g[idx]), 1e-3))
-            n += 1
-    return worst, n
+
+    def loss(**arrays: np.ndarray) -> float:
+        return ref.loss(t0=t0, **arrays)
+
+    return gradcheck.worst_relative_error(loss, x, grads, np.random.default_rng(6), eps=FD_EPS)
 
 
 @gate(
