@@ -1,5 +1,6 @@
 """The 1M-context training form, MLA side (STRONG): Gated MLA's attention backward for query rows
-at the end of a 2^14-row latent cache, against float64 and against the square backward."""
+at the end of a 2^14-row latent cache, against float64 and against the same rows of a whole
+sequence's backward."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from . import reference as ref
 T_CACHE = 1 << 14  # latent cache rows the query rows attend over (the issue: at least 2^14)
 ROWS = 8  # query rows: the last ROWS positions, each over every cache row up to itself
 N_H, NOPE, ROPE, KV, DV = 2, 32, 16, 64, 32  # test widths (K3: 96 heads, nope 128, kv 512)
-SQUARE_T = 64  # rows == the square kernels on a whole sequence this long
+SQUARE_T = 64  # the whole sequence whose last rows rows_alone runs again on their own
 INTERP_T, INTERP_R = 48, 4  # compiled == interpreted on this slice
 FD_EPS = 1e-6
 FD_REL = 1e-6
@@ -248,6 +249,6 @@ def _check_compiled(ctx: GateContext, kern) -> None:
             *args,
             inputs=f"{INTERP_R} query rows over a {INTERP_T}-row cache drawn like the gate's "
             "own, both signs everywhere; in the domain, so the saturation branches are not "
-            "reached (the gatedmla STRONG gate drives them in the square kernels)",
+            "reached",
             modname=KERNELS,
         )
