@@ -35,6 +35,7 @@ class GateSite:
     kernels: tuple[str, ...] | None = None  # from the decorator when literal, else None
     timeout: float = DEFAULT_TIMEOUT_S  # seconds; the runner kills the gate's process after it
     requires: tuple[str, ...] = ()  # gate ids this gate builds on (checked to exist)
+    exclusive: bool = False  # the runner gives it every core and runs nothing beside it
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,11 @@ def _site_from_call(call: ast.Call, pkg: GatePackage, file: Path) -> GateSite:
     requires = _literal(kw["requires"], "requires", file) if "requires" in kw else ()
     if not isinstance(requires, (list, tuple)) or not all(isinstance(r, str) for r in requires):
         raise DiscoveryError(f"{file}:{call.lineno}: gate {gate_id}: requires must list gate ids")
+    exclusive = _literal(kw["exclusive"], "exclusive", file) if "exclusive" in kw else False
+    if not isinstance(exclusive, bool):
+        raise DiscoveryError(
+            f"{file}:{call.lineno}: gate {gate_id}: exclusive must be True or False"
+        )
     return GateSite(
         gate_id,
         inno,
@@ -112,6 +118,7 @@ def _site_from_call(call: ast.Call, pkg: GatePackage, file: Path) -> GateSite:
         kernels,
         float(timeout),
         tuple(requires),
+        exclusive,
     )
 
 

@@ -15,6 +15,9 @@ Bounds live in the decorator (usually as a constant imported from the kernels mo
 constant its docstring states), so the code that measures an error can never choose its bound.
 `check_reference` looks the bound up by check name and refuses a check that has none.
 
+A training gate declares `exclusive=True`: its fresh-process rerun (k3gates.training) takes the
+other core, so the runner runs nothing beside it and its wall time is its own.
+
 The id, innovation and level must be literals: the build reads them from the source without
 importing it, and so can name the file and line of a bad id before anything runs.
 """
@@ -93,6 +96,7 @@ class GateSpec:
     doc: str
     file: str
     line: int
+    exclusive: bool = False  # runs with the machine to itself (a training gate and its rerun)
 
 
 REGISTRY: dict[str, GateSpec] = {}
@@ -107,6 +111,7 @@ def gate(
     bounds: dict[str, float] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     requires: Sequence[str] = (),
+    exclusive: bool = False,
 ) -> Callable[[Callable[[GateContext], None]], Callable[[GateContext], None]]:
     """Register a gate. See the module docstring."""
 
@@ -121,6 +126,7 @@ def gate(
             bounds=dict(bounds or {}),
             timeout=float(timeout),
             requires=tuple(requires),
+            exclusive=bool(exclusive),
             func=func,
             title=first_sentence(doc) or id,
             doc=doc,

@@ -13,6 +13,7 @@ reused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -24,7 +25,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,8 @@ def run_gates(
     it has every result it will publish.
     """
     lock = threading.Lock()
+    slots = _Slots(max(1, jobs))
+    cores = os.cpu_count() or 1
 
     def one(site: GateSite) -> dict[str, Any]:
         forced = only is not None and site.id in only
@@ -101,10 +104,12 @@ def run_gates(
             )
             result.update(ran=False, seconds=0.0)
         else:
-            if on_event:
-                with lock:
-                    on_event("start", site, None)
-            result = _run_one(site, threads=max(1, (os.cpu_count() or 1) // max(1, jobs)))
+            with slots.held(site.exclusive):
+                if on_event:
+                    with lock:
+                        on_event("start", site, None)
+                threads = cores if site.exclusive else max(1, cores // max(1, jobs))
+                result = _run_one(site, threads=threads)
             result["ran"] = True
             if result["status"] in REUSABLE:
                 _store(result)
@@ -115,6 +120,33 @@ def run_gates(
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, sites))
+
+
+class _Slots:
+    """The runner's `jobs` slots. An exclusive gate (a training gate, whose fresh rerun takes the
+    other cores) waits until nothing else runs and takes them all, so its wall time is its own,
+    not a share of the machine; gates that arrive while it waits queue behind it."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.busy, self.waiting = n, 0, 0
+        self.cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self, exclusive: bool) -> Iterator[None]:
+        need = self.n if exclusive else 1
+        with self.cond:
+            self.waiting += int(exclusive)
+            self.cond.wait_for(
+                lambda: self.busy + need <= self.n and (exclusive or not self.waiting)
+            )
+            self.waiting -= int(exclusive)
+            self.busy += need
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.busy -= need
+                self.cond.notify_all()
 
 
 def apply_requirements(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

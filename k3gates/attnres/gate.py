@@ -793,6 +793,7 @@ def train_losses(out: tuple) -> np.ndarray:
     kernels=["k3gates.attnres.kernels"],
     bounds={"loss_curve": CURVE_REL_TOL, "teacher_found": TEACHER_REL_TOL},
     timeout=300,
+    exclusive=True,  # its fresh rerun takes the other core
 )
 def attnres_training(ctx: GateContext) -> None:
     """The pseudo-query learned by integer gradient descent from zero (the uniform mean) to a

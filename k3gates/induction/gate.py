@@ -38,6 +38,7 @@ TINY = slice(12, 24)  # compiled == interpreted: 12 tokens of one sequence, 8 of
     bounds={"loss_curve": CURVE_REL_TOL},
     timeout=300,
     requires=["k3block_backward"],
+    exclusive=True,  # its fresh rerun takes the other core
 )
 def mla_induction(ctx: GateContext) -> None:
     """A one-layer Gated MLA model trained in integers on induction (copy after a marker):

@@ -253,6 +253,7 @@ def baseline_lines(base: dict) -> list[dict]:
     bounds={"loss_curve": CURVE_REL_TOL},
     timeout=900,
     requires=["k3block_backward"],
+    exclusive=True,  # its fresh rerun takes the other core
 )
 def k3mu_training(ctx: GateContext) -> None:
     """K3-μ trained from scratch in integers on Shakespeare: validation loss at least 0.3

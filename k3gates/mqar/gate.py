@@ -45,6 +45,7 @@ TINY = slice(24, 40)  # compiled == interpreted: 16 tokens of one sequence, 4 of
     # 119 s alone; beside another gate and its own fresh rerun a build has seen it pass 300 s
     timeout=600,
     requires=["k3block_backward"],
+    exclusive=True,  # its fresh rerun takes the other core
 )
 def kda_mqar(ctx: GateContext) -> None:
     """One KDA layer trained in integers recalls at least 95% of MQAR's held-out queries.

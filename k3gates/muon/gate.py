@@ -737,6 +737,7 @@ def _float_inputs(d: dict) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray
     kernels=["k3gates.muon.kernels"],
     bounds={"loss_curve": CURVE_REL_TOL, "initial_gradients": GRAD_REL_TOL},
     timeout=300,
+    exclusive=True,  # its fresh rerun takes the other core
 )
 def muon_training(ctx: GateContext) -> None:
     """An attention layer (2 heads) trained with integer Per-Head Muon on a seeded teacher-student

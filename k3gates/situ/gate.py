@@ -458,6 +458,7 @@ def _saturating_problem(d: dict[str, np.ndarray]) -> tuple:
     kernels=["k3gates.situ.kernels"],
     bounds={"loss_curve": CURVE_REL_TOL},
     timeout=300,
+    exclusive=True,  # its fresh rerun takes the other core
 )
 def situ_training(ctx: GateContext) -> None:
     """A SiTU-GLU MLP (8 -> 16 -> 1) trained with integer gradient descent on a seeded regression

@@ -43,6 +43,7 @@ COMPILED_TOKENS = 8  # compiled == interpreted: one step on 8 tokens (CPython is
     bounds={"loss_curve": MOE_CURVE_REL_TOL},
     timeout=300,
     requires=["k3block_backward"],
+    exclusive=True,  # its fresh rerun takes the other core
 )
 def moe_specialise(ctx: GateContext) -> None:
     """A LatentMoE layer trained in integers on K = 4 clusters with their own linear maps:
