@@ -2,9 +2,11 @@
 twin through the shared training helper, hold the held-out accuracy to its bar, and hold one
 compiled training step to CPython's.
 
-A task module (mqar/task.py, induction/task.py) gives CONFIG, HYPER, BATCH, HELD_OUT,
-`sequences(rng, n)`, FIXED (the weights it does not train; optional) and `train_int`, the
-integer run as one call for the fresh-process rerun.
+A task module (mqar/task.py, induction/task.py, passkey/task.py) gives CONFIG, HYPER, BATCH,
+HELD_OUT, `sequences(rng, n)`, FIXED (the weights it does not train; optional) and `train_int`,
+the integer run as one call for the fresh-process rerun. A task whose batches change over the
+run (passkey's curriculum) passes them as `data`, and a task whose model computes a layer its
+own way passes its two ops classes as `ops`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def train_beside_twin(
     threshold: float,
     start_tol: float,
     unit: str,
+    data: dict | None = None,
+    ops: tuple[type, type] = (IntOps, FloatOps),
 ) -> tuple[dict, dict, dict, float]:
     """Train the task's integer model and its float64 twin on the same batches and record the
     shared training checks: the start within `start_tol` of log2(vocab) (knowing nothing), the
@@ -39,12 +43,13 @@ def train_beside_twin(
     integer run's seconds."""
     cfg, h, fixed = task.CONFIG, dict(task.HYPER), getattr(task, "FIXED", ())
     rerun = start_rerun(ctx, "train_int", (steps, seed, eval_every, h), python_module=task.__name__)
-    d = S.data(task.sequences, seed, steps, task.BATCH, task.HELD_OUT)
+    d = data or S.data(task.sequences, seed, steps, task.BATCH, task.HELD_OUT)
+    int_ops, float_ops = ops
     t0 = time.perf_counter()
-    out = S.run(IntOps(ctx.compiled), S.init(cfg, seed), cfg, d["train"], d["eval"], steps, h,
+    out = S.run(int_ops(ctx.compiled), S.init(cfg, seed), cfg, d["train"], d["eval"], steps, h,
                 eval_every, fixed)  # fmt: skip
     int_s = time.perf_counter() - t0
-    twin = S.run(FloatOps(), S.twin_params(S.init(cfg, seed)), cfg, d["train"], d["eval"],
+    twin = S.run(float_ops(), S.twin_params(S.init(cfg, seed)), cfg, d["train"], d["eval"],
                  steps, h, eval_every, fixed)  # fmt: skip
     check_training(
         ctx,
