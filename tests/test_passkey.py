@@ -1,5 +1,5 @@
-"""1M context PROVEN on its own task (issue 15): passkey retrieval, the answer-rows MLA layer and
-the gate's published evidence."""
+"""1M context PROVEN on its own task (issue 15): passkey retrieval, K3-μ's MLA layer with its
+queries at the last rows only (kernels_mla's t0), and the gate's published evidence."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ from conftest import BuildRun, check, gate_row
 
 from k3gates import compile as kc
 from k3gates.gate import REGISTRY, GateContext
+from k3gates.k3mu import kernels_mla as KM
 from k3gates.k3mu import layer_mla
-from k3gates.k3mu import reference_mla as full_ref
+from k3gates.k3mu import reference_mla as R
 from k3gates.passkey import gate as pk_gate
-from k3gates.passkey import kernels as K
-from k3gates.passkey import layer
-from k3gates.passkey import reference as R
 from k3gates.passkey import task as T
 from k3gates.tasks import proof as P
 
@@ -22,8 +20,8 @@ D = 16
 
 
 @pytest.fixture(scope="module")
-def mods():
-    return kc.load(T.KERNELS), kc.load("k3gates.k3mu.kernels_mla")
+def mla():
+    return kc.load("k3gates.k3mu.kernels_mla")
 
 
 def _weights(seed: int) -> dict[str, np.ndarray]:
@@ -39,84 +37,77 @@ def _inputs(seed: int, b: int, t: int, t0: int) -> tuple[np.ndarray, np.ndarray]
     return x, dy
 
 
-# -- the answer-rows layer ------------------------------------------------------------------------
-@pytest.mark.parametrize("t, t0", [(40, 35), (96, 0), (128, 127)])
-def test_the_rows_layer_is_the_full_layer_bit_for_bit(mods, t, t0):
-    rows, full = mods
+# -- the layer with its queries at the last rows ---------------------------------------------------
+@pytest.mark.parametrize("t, t0", [(40, 35), (96, 1), (128, 127)])
+def test_the_last_rows_are_the_whole_layer_bit_for_bit(mla, t, t0):
     p = _weights(1)
     x, dy = _inputs(2, 2, t, t0)
-    y, cache = layer.forward(rows, x, p, t0)
-    y_full, cache_full = layer_mla.forward(full, x, p)
+    y, cache = layer_mla.forward(mla, x, p, t0)
+    y_full, cache_full = layer_mla.forward(mla, x, p)
     assert np.array_equal(y[:, t0:], y_full[:, t0:]) and not y[:, :t0].any()
-    dx, g = layer.backward(rows, dy, x, p, cache)
-    dx_full, g_full = layer_mla.backward(full, dy, x, p, cache_full)
+    dx, g = layer_mla.backward(mla, dy, x, p, cache)
+    dx_full, g_full = layer_mla.backward(mla, dy, x, p, cache_full)
     assert np.array_equal(dx, dx_full)
     assert all(np.array_equal(g[k], g_full[k]) for k in layer_mla.WEIGHTS)
 
 
-def test_a_broken_row_is_seen(mods):
+def test_a_broken_row_is_seen(mla):
     """The bit-for-bit comparison above can fail: one flipped LSB in one output row shows."""
-    rows, full = mods
     p = _weights(1)
     x, _ = _inputs(2, 1, 40, 35)
-    y, _ = layer.forward(rows, x, p, 35)
+    y, _ = layer_mla.forward(mla, x, p, 35)
     y[0, 37, 3] += 1
-    assert not np.array_equal(y[:, 35:], layer_mla.forward(full, x, p)[0][:, 35:])
+    assert not np.array_equal(y[:, 35:], layer_mla.forward(mla, x, p)[0][:, 35:])
 
 
-def test_the_float_rows_reference_is_the_full_reference():
+def test_the_float_last_rows_are_the_whole_float_layer():
     rng = np.random.default_rng(3)
     p = layer_mla.init(rng, D)
     x, dy = rng.normal(size=(2, 30, D)), rng.normal(size=(2, 30, D))
     y, cache = R.forward(x, p, 24)
-    y_full, cache_full = full_ref.forward(x, p)
+    y_full, cache_full = R.forward(x, p)
     assert np.allclose(y[:, 24:], y_full[:, 24:], rtol=0, atol=1e-12) and not y[:, :24].any()
     dx, g = R.backward(dy, x, p, cache)
     dy_cut = dy.copy()
     dy_cut[:, :24] = 0
-    dx_full, g_full = full_ref.backward(dy_cut, x, p, cache_full)
+    dx_full, g_full = R.backward(dy_cut, x, p, cache_full)
     assert np.allclose(dx, dx_full, rtol=0, atol=1e-12)
     assert all(np.allclose(g[k], g_full[k], rtol=0, atol=1e-12) for k in g)
 
 
-def test_a_long_row_against_float64_within_its_bound(mods):
-    """3,000 keys, beyond kernels_mla's T <= 128: y within forward_max_err_lsb(T), in the domain
-    that bound assumes (|v| < 2^3, W_o row L1 <= 2^3)."""
-    rows, _ = mods
+def test_a_long_row_against_float64_within_its_bound(mla):
+    """3,000 keys: y within forward_max_err_lsb(T), in the domain that bound assumes (|v| < 2^3,
+    W_o row L1 <= 2^3)."""
     p = _weights(4)
     t, t0 = 3000, 2995
     x, dy = _inputs(5, 1, t, t0)
-    y, cache = layer.forward(rows, x, p, t0)
+    y, cache = layer_mla.forward(mla, x, p, t0)
     v = cache[10]
     assert np.abs(v).max() < 2**3 * 2**24
     assert np.abs(p["w_o"]).sum(axis=1).max() <= 2**3 * 2**20
     pf = {k: w * 2.0**-20 for k, w in p.items()}
     y_ref, cache_ref = R.forward(x * 2.0**-16, pf, t0)
     err = np.abs(y[:, t0:] - y_ref[:, t0:] * 2**16).max()
-    assert 0 < err <= K.forward_max_err_lsb(t)
-    dx, _ = layer.backward(rows, dy, x, p, cache)
+    assert 0 < err <= KM.forward_max_err_lsb(t)
+    dx, _ = layer_mla.backward(mla, dy, x, p, cache)
     dx_ref, _ = R.backward(dy * 2.0**-24, x * 2.0**-16, pf, cache_ref)
     assert np.abs(dx - dx_ref * 2**24).max() < 64
 
 
-def test_a_context_beyond_the_backward_domain_is_refused(mods, monkeypatch):
-    rows, _ = mods
+def test_a_count_outside_the_domain_is_refused(mla):
     p = _weights(1)
     x, dy = _inputs(2, 1, 40, 35)
-    _, cache = layer.forward(rows, x, p, 35)
-    monkeypatch.setattr(rows, "mla_rows_backward", _counting(rows.mla_rows_backward))
-    with pytest.raises(layer_mla.DomainError, match="mla_rows_backward"):
-        layer.backward(rows, dy, x, p, cache)
+    _, cache = layer_mla.forward(mla, x, p, 35)
 
+    class Counting:
+        """The kernel, with one more value counted outside its domain (the face must refuse)."""
 
-def _counting(func):
-    """The kernel, with one more value counted outside its domain (the face must refuse)."""
+        def mla_backward(self, *args):
+            out = mla.mla_backward(*args)
+            return (*out[:-1], out[-1] + 1)
 
-    def wrapped(*args):
-        out = func(*args)
-        return (*out[:-1], out[-1] + 1)
-
-    return wrapped
+    with pytest.raises(layer_mla.DomainError, match="mla_backward"):
+        layer_mla.backward(Counting(), dy, x, p, cache)
 
 
 # -- the task -------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ c_kv, k_r, q, k_C, v, o, G Q.24, scores Q.32, P Q0.31, y Q.16.
 Decode. Token n arrives alone. Its query, its latent row c_kv,n = RMSNorm(W_dkv x_n) kv_norm and
 its shared key part k_r,n = W_kr x_n are formed; the keys and values of every position come from
 the latent cache (k_C,s = W_uk c_kv,s, v_s = W_uv c_kv,s: the cache holds only c_kv and k_r,
-kv_lora + rope numbers a token); then one causal row of attention:
+kv_lora + rope numbers a token); then one causal row of attention (kernels_mla.attend with its
+one query row at n):
 
     z_s = (q_C . k_C,s + q_r . k_r,s) (nope + rope)^-1/2,  s = 0 .. n;   P = softmax(z)
     o = sum_s P_s v_s;   G = o sigmoid(W_g x_n)  (or G = o with the gate held open);   y = W_o G
@@ -27,72 +28,20 @@ Magnitudes: as kernels_mla (internal Q.24 values below 2^31 raw, counted when no
 
 import numpy as np
 
-from ..fx.kernels import mul_round, rsqrt_q, softmax_row_q31
-from ..gemm.kernels import round_limbs
+from ..fx.kernels import rsqrt_q
 from ..k3mu.kernels_mla import (
     A_FRAC,
     ACT_FRAC,
-    DOT_LIMB,
-    DOT_MASK,
     INT_FRAC,
     ONE_Q62,
-    P_FRAC,
-    S_FRAC,
     W_FRAC,
+    attend,
     gate,
     norm_rows,
     out_of_domain,
     project,
     sizes,
 )
-
-
-def attend_last(q, kc, kr, v, n_heads, scale):
-    """o [1, H dv] Q.24: the last row of kernels_mla.attend, the query q [1, H (nope + rope)]
-    against the keys and values of rows 0 .. T-1, the same sums in the same order."""
-    t_len = kc.shape[0]
-    rope = kr.shape[1]
-    qw = q.shape[1] // n_heads
-    nope = qw - rope
-    dv = v.shape[1] // n_heads
-    o = np.zeros((1, n_heads * dv), dtype=np.int64)
-    z = np.zeros((1, t_len), dtype=np.int64)
-    pr = np.zeros((1, t_len), dtype=np.int64)
-    his = np.zeros(dv, dtype=np.int64)
-    los = np.zeros(dv, dtype=np.int64)
-    for hh in range(n_heads):
-        # z_s = (q_C . k_C,s + q_r . k_r,s) scale: exact in Q.48, rounded to Q.40, then Q.32
-        for s in range(t_len):
-            hi = 0
-            lo = 0
-            for i in range(nope):
-                a = int(q[0, hh * qw + i])
-                c = int(kc[s, hh * nope + i])
-                hi += (a >> DOT_LIMB) * c
-                lo += (a & DOT_MASK) * c
-            for i in range(rope):
-                a = int(q[0, hh * qw + nope + i])
-                c = int(kr[s, i])
-                hi += (a >> DOT_LIMB) * c
-                lo += (a & DOT_MASK) * c
-            qk = round_limbs(hi, lo, DOT_LIMB, 8)
-            z[0, s] = mul_round(qk, scale, 70)
-        softmax_row_q31(z, 0, t_len, S_FRAC, pr)
-        # o = sum_s P_s v_s, exact in Q.55, rounded once
-        for j in range(dv):
-            his[j] = 0
-            los[j] = 0
-        for s in range(t_len):
-            a = int(pr[0, s])
-            ah = a >> DOT_LIMB
-            al = a & DOT_MASK
-            for j in range(dv):
-                c = int(v[s, hh * dv + j])
-                his[j] += ah * c
-                los[j] += al * c
-        for j in range(dv):
-            o[0, hh * dv + j] = round_limbs(int(his[j]), int(los[j]), DOT_LIMB, P_FRAC)
-    return o
 
 
 # pythran export mla_decode_step(int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int, int)
@@ -125,7 +74,7 @@ def mla_decode_step(
         kr[n, j] = kr_new[0, j]
     k_c = project(lat, w_uk, W_FRAC, bad, 0)
     v = project(lat, w_uv, W_FRAC, bad, 0)
-    o = attend_last(q, k_c, kr, v, n_heads, scale)
+    o = attend(q, k_c, kr, v, n_heads, scale, n)[1]  # one query row, sequence row n
     gated = o.copy()
     if open_gate == 0:
         gated = gate(project(x_t, w_g, 0, bad, 0), o)[1]

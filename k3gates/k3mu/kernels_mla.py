@@ -1,6 +1,8 @@
 """K3-μ Gated MLA (NoPE), forward and backward, integers only (K3-SPEC.md section 2).
 
-Per sequence b (independent, causal), x [B, T, d] already RMS-normed by the caller:
+Per sequence b (independent, causal), x [B, T, d] already RMS-normed by the caller, with the
+query side at rows t0 .. T-1 only (t0 = 0 for the whole layer; the passkey model, whose last
+layer is scored at its answer rows alone, runs t0 = T - 5, and its y is 0 above t0):
 
     a_q  = W_dq x,   c_q  = RMSNorm(a_q) * q_norm            [T, q_lora]
     q    = W_uq c_q  (head h: rows h (nope + rope) .., first nope q_C, then rope q_r)
@@ -37,10 +39,17 @@ would overflow a sum, so one factor a is split, a = (a >> L) 2^L + (a & (2^L - 1
 negative a: >> floors), and the two partial sums hi, lo are each exact in int64, total =
 hi 2^L + lo, rounded once by round_limbs:
     DOT_LIMB 24:  a <= 2^31 (Q.24 or P): hi terms <= 2^7 2^31, lo terms < 2^24 2^31 = 2^55;
-                  sums over <= 2^7 terms (head widths, T <= 128) stay below 2^62.
-    SUM_LIMB 16:  a <= 2^40 (dS, a Q.24 gradient): hi <= 2^24 2^31 = 2^55 (T <= 128 terms);
+                  sums over <= 2^7 terms (head widths, query rows) stay below 2^62.
+    SUM_LIMB 16:  a <= 2^40 (dS, a Q.24 gradient): dS's row sums of |dS| <= 2 max|dP| scale
+                  (< 2^41 raw), so the hi limb of dq = sum_s dS k sums to < 2^57 at any T and
+                  the lo limb to < T 2^16 2^31, below 2^63 for T <= 2^15 (BACKWARD_MAX_T);
                   weight gradients, a <= 2^31 and b <= 2^31: hi, lo <= 2^47, so up to 2^15
                   tokens (B T) per sum.
+Sums over the T keys of one query row need no split where P is a factor: sum_s P_s <= 2^31 +
+2^19.1 (fx's softmax, T <= 2^20), so o = sum_s P v (|v| < 2^31) is below 2^62.001 in one int64,
+and mu = sum_s P dP splits dP at bit 24 (both limbs below 2^61 for |dP| < 2^22). So the forward
+serves T <= 2^20 keys (FORWARD_MAX_T) and the backward T <= 2^15; beyond, the count below
+refuses the call.
 The count returned last by each kernel is the number of internal Q.24 values at or beyond
 INT_LIM (outside the domain above); the face refuses a nonzero count.
 
@@ -57,6 +66,8 @@ few 2^-25, so
                 16 + 2 n LSB: per token, |activation| times the inherited error of the
                 gradient it multiplies (a few LSB of Q.24, from the chain dy -> dG -> do -> dP
                 -> dS -> dq/dk -> dc -> da) plus |gradient| times the activation's error.
+At T keys beyond 128, the softmax's 1/2 LSB of Q0.31 per key adds T 2^-32 |v| to o, so y's
+bound is forward_max_err_lsb(T) (|v| < 2^3, W_o row L1 <= 2^3, as the trained models hold).
 These are engineering bounds (the chain above with its measured constants), not proofs. Measured
 (tests/test_k3mu_mla.py, K3-μ sizes, x, dy ~ N(0, 1)): B 2, T 12 (n = 24): y 0.50 LSB of Q.16,
 dx 3.8, weight gradients 6-17 LSB of Q.24 (bound 64); B 8, T 64 (n = 512): y 0.51, dx 4.5,
@@ -103,6 +114,17 @@ BACKWARD_BASE_ERR_LSB = 16  # Q.24 LSB, dx and any gradient
 BACKWARD_ERR_PER_TOKEN_LSB = 2  # Q.24 LSB per token in a weight gradient's sum
 
 
+FORWARD_MAX_T = 1 << 20  # fx's softmax bound on sum_s P
+BACKWARD_MAX_T = 1 << 15  # dq's low limb: T 2^16 2^31 < 2^63
+
+
+def forward_max_err_lsb(t_len):
+    """Declared bound of y (Q.16 LSB) against float64 with T keys: FORWARD_MAX_ERR_LSB plus the
+    softmax's 1/2 LSB of Q0.31 per key through o (|v| < 2^3) and W_o (row L1 <= 2^3): T 2^-32
+    2^3 2^3 in real units, 2^16 of that in LSB."""
+    return FORWARD_MAX_ERR_LSB + (t_len >> 10)
+
+
 def backward_max_err_lsb(n_tokens):
     """Declared bound (Q.24 LSB) of dx and each weight gradient summed over n_tokens tokens."""
     return BACKWARD_BASE_ERR_LSB + BACKWARD_ERR_PER_TOKEN_LSB * n_tokens
@@ -143,6 +165,26 @@ def put(dst, b, src):
     for t in range(src.shape[0]):
         for j in range(src.shape[1]):
             dst[b, t, j] = src[t, j]
+
+
+def rows_of(a, t0):
+    """A copy of rows t0.. of a [B, T, n]."""
+    out = np.zeros((a.shape[0], a.shape[1] - t0, a.shape[2]), dtype=np.int64)
+    for b in range(a.shape[0]):
+        for t in range(a.shape[1] - t0):
+            for j in range(a.shape[2]):
+                out[b, t, j] = a[b, t0 + t, j]
+    return out
+
+
+def pad_rows(a, t_len):
+    """[T, n] with a [R, n] in its last R rows and 0 above."""
+    out = np.zeros((t_len, a.shape[1]), dtype=np.int64)
+    t0 = t_len - a.shape[0]
+    for t in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            out[t0 + t, j] = a[t, j]
+    return out
 
 
 def project(src, w, shift, bad, b):
@@ -256,106 +298,104 @@ def gate_back(dg, sg, o):
     return d_o, du
 
 
-# == attention ===================================================================================
-def attend(q, kc, kr, v, n_heads, scale):
-    """(P [H, T, T] Q0.31, o [T, H dv] Q.24) of one sequence: scores exact in Q.48, rounded to
-    Q.40, times scale to Q.32; causal fx softmax; o = sum_s P v exact in Q.55, rounded once."""
-    t_len = q.shape[0]
+# == attention: query rows t0 .. T-1 against every key ==========================================
+def attend(q, kc, kr, v, n_heads, scale, t0):
+    """(P [H, R, T] Q0.31, o [R, H dv] Q.24): query row r is sequence row t0 + r and sees keys
+    0 .. t0 + r. Scores exact in Q.48, to Q.40, then times scale to Q.32; o = sum_s P v exact in one int64, rounded once."""
+    n_rows = q.shape[0]
+    t_len = kc.shape[0]
     rope = kr.shape[1]
     qw = q.shape[1] // n_heads
     nope = qw - rope
     dv = v.shape[1] // n_heads
-    p = np.zeros((n_heads, t_len, t_len), dtype=np.int64)
-    o = np.zeros((t_len, n_heads * dv), dtype=np.int64)
-    z = np.zeros((t_len, t_len), dtype=np.int64)
-    pr = np.zeros((t_len, t_len), dtype=np.int64)
-    his = np.zeros(dv, dtype=np.int64)  # the two limbs of each output's exact sum
-    los = np.zeros(dv, dtype=np.int64)
+    p = np.zeros((n_heads, n_rows, t_len), dtype=np.int64)
+    o = np.zeros((n_rows, n_heads * dv), dtype=np.int64)
+    z = np.zeros((1, t_len), dtype=np.int64)
+    pr = np.zeros((1, t_len), dtype=np.int64)
+    acc = np.zeros(dv, dtype=np.int64)
     for hh in range(n_heads):
-        for t in range(t_len):
-            for s in range(t + 1):
+        for r in range(n_rows):
+            n = t0 + r + 1
+            # z_s = (q_C . k_C,s + q_r . k_r,s) scale: exact in Q.48, to Q.40, then Q.32
+            for s in range(n):
                 hi = 0
                 lo = 0
                 for i in range(nope):
-                    a = int(q[t, hh * qw + i])
+                    a = int(q[r, hh * qw + i])
                     c = int(kc[s, hh * nope + i])
                     hi += (a >> DOT_LIMB) * c
                     lo += (a & DOT_MASK) * c
                 for i in range(rope):
-                    a = int(q[t, hh * qw + nope + i])
+                    a = int(q[r, hh * qw + nope + i])
                     c = int(kr[s, i])
                     hi += (a >> DOT_LIMB) * c
                     lo += (a & DOT_MASK) * c
-                qk = round_limbs(hi, lo, DOT_LIMB, 8)  # Q.48 -> Q.40
-                z[t, s] = mul_round(qk, scale, 70)  # Q.40 Q.62 -> Q.32
-            softmax_row_q31(z, t, t + 1, S_FRAC, pr)
-            for s in range(t + 1):
-                p[hh, t, s] = pr[t, s]
+                z[0, s] = mul_round(round_limbs(hi, lo, DOT_LIMB, 8), scale, 70)
+            softmax_row_q31(z, 0, n, S_FRAC, pr)
+            # o = sum_s P_s v_s, exact in Q.55
             for j in range(dv):
-                his[j] = 0
-                los[j] = 0
-            for s in range(t + 1):
-                a = int(pr[t, s])
-                ah = a >> DOT_LIMB
-                al = a & DOT_MASK
+                acc[j] = 0
+            for s in range(n):
+                a = int(pr[0, s])
+                p[hh, r, s] = a
                 for j in range(dv):
-                    c = int(v[s, hh * dv + j])
-                    his[j] += ah * c
-                    los[j] += al * c
+                    acc[j] += a * int(v[s, hh * dv + j])
             for j in range(dv):
-                o[t, hh * dv + j] = round_limbs(int(his[j]), int(los[j]), DOT_LIMB, P_FRAC)
+                o[r, hh * dv + j] = rshift_round(int(acc[j]), P_FRAC)
     return p, o
 
 
-def scores_back(p, v, d_o, scale):
-    """dS [H, T, T] in Q.32: dP = do . v (Q.32), mu = sum_s P dP (Q.32),
-    dS = P ((dP - mu) scale), two roundings."""
+def scores_back(p, v, d_o, scale, t0):
+    """dS [H, R, T] in Q.32: dP = do . v (Q.32), mu = sum_s P dP (Q.32), dS = P (dP - mu) scale,
+    mu's limbs split on dP (rows of any length)."""
     n_heads = p.shape[0]
-    t_len = p.shape[1]
+    n_rows = p.shape[1]
+    t_len = p.shape[2]
     dv = v.shape[1] // n_heads
-    ds = np.zeros((n_heads, t_len, t_len), dtype=np.int64)
+    ds = np.zeros((n_heads, n_rows, t_len), dtype=np.int64)
     dp = np.zeros(t_len, dtype=np.int64)
     for hh in range(n_heads):
-        for t in range(t_len):
-            for s in range(t + 1):
+        for r in range(n_rows):
+            n = t0 + r + 1
+            for s in range(n):
                 hi = 0
                 lo = 0
                 for j in range(dv):
-                    a = int(d_o[t, hh * dv + j])
+                    a = int(d_o[r, hh * dv + j])
                     c = int(v[s, hh * dv + j])
                     hi += (a >> DOT_LIMB) * c
                     lo += (a & DOT_MASK) * c
                 dp[s] = round_limbs(hi, lo, DOT_LIMB, 16)  # Q.48 -> Q.32
             hi = 0
             lo = 0
-            for s in range(t + 1):
-                a = int(p[hh, t, s])
-                hi += (a >> SUM_LIMB) * int(dp[s])
-                lo += (a & SUM_MASK) * int(dp[s])
-            mu = round_limbs(hi, lo, SUM_LIMB, P_FRAC)  # Q.63 -> Q.32
-            for s in range(t + 1):
+            for s in range(n):
+                a = int(p[hh, r, s])
+                hi += a * (int(dp[s]) >> DOT_LIMB)
+                lo += a * (int(dp[s]) & DOT_MASK)
+            mu = round_limbs(hi, lo, DOT_LIMB, P_FRAC)  # Q.63 -> Q.32
+            for s in range(n):
                 d = mul_round(int(dp[s]) - mu, scale, 62)
-                ds[hh, t, s] = mul_round(int(p[hh, t, s]), d, P_FRAC)
+                ds[hh, r, s] = mul_round(int(p[hh, r, s]), d, P_FRAC)
     return ds
 
 
-def query_back(ds, kc, kr):
-    """dq [T, H (nope + rope)] in Q.24: dq_t = sum_s dS_ts [k_C,s | k_r,s] (exact, Q.56)."""
+def query_back(ds, kc, kr, t0):
+    """dq [R, H (nope + rope)] in Q.24: dq_t = sum_s dS_ts [k_C,s | k_r,s] (exact, Q.56)."""
     n_heads = ds.shape[0]
-    t_len = ds.shape[1]
+    n_rows = ds.shape[1]
     rope = kr.shape[1]
     nope = kc.shape[1] // n_heads
     qw = nope + rope
-    dq = np.zeros((t_len, n_heads * qw), dtype=np.int64)
+    dq = np.zeros((n_rows, n_heads * qw), dtype=np.int64)
     his = np.zeros(qw, dtype=np.int64)
     los = np.zeros(qw, dtype=np.int64)
     for hh in range(n_heads):
-        for t in range(t_len):
+        for r in range(n_rows):
             for i in range(qw):
                 his[i] = 0
                 los[i] = 0
-            for s in range(t + 1):
-                a = int(ds[hh, t, s])
+            for s in range(t0 + r + 1):
+                a = int(ds[hh, r, s])
                 ah = a >> SUM_LIMB
                 al = a & SUM_MASK
                 for i in range(nope):
@@ -367,15 +407,16 @@ def query_back(ds, kc, kr):
                     his[nope + i] += ah * c
                     los[nope + i] += al * c
             for i in range(qw):
-                dq[t, hh * qw + i] = round_limbs(int(his[i]), int(los[i]), SUM_LIMB, S_FRAC)
+                dq[r, hh * qw + i] = round_limbs(int(his[i]), int(los[i]), SUM_LIMB, S_FRAC)
     return dq
 
 
-def key_back(ds, q, rope):
-    """(dk_C [T, H nope], dk_r [T, rope]) in Q.24: dk_C,s = sum_t dS_ts q_C,t per head and
-    dk_r,s = sum_h sum_t dS_h,ts q_r,h,t (the shared key part), exact in Q.56."""
+def key_back(ds, q, rope, t0):
+    """(dk_C [T, H nope], dk_r [T, rope]) in Q.24: dk_C,s = sum_{t >= t0, s} dS_ts q_C,t per
+    head, dk_r,s the same over every head's q_r (exact, Q.56)."""
     n_heads = ds.shape[0]
-    t_len = ds.shape[1]
+    n_rows = ds.shape[1]
+    t_len = ds.shape[2]
     qw = q.shape[1] // n_heads
     nope = qw - rope
     dkc = np.zeros((t_len, n_heads * nope), dtype=np.int64)
@@ -390,12 +431,12 @@ def key_back(ds, q, rope):
             for i in range(nope):
                 his[i] = 0
                 los[i] = 0
-            for t in range(s, t_len):
-                a = int(ds[hh, t, s])
+            for r in range(max(s - t0, 0), n_rows):
+                a = int(ds[hh, r, s])
                 ah = a >> SUM_LIMB
                 al = a & SUM_MASK
                 for i in range(qw):
-                    c = int(q[t, hh * qw + i])
+                    c = int(q[r, hh * qw + i])
                     his[i] += ah * c
                     los[i] += al * c
             for i in range(nope):
@@ -405,10 +446,11 @@ def key_back(ds, q, rope):
     return dkc, dkr
 
 
-def value_back(p, d_o):
-    """dv [T, H dv] in Q.24: dv_s = sum_t P_ts do_t per head (exact, Q.55)."""
+def value_back(p, d_o, t0):
+    """dv [T, H dv] in Q.24: dv_s = sum_{t >= t0, s} P_ts do_t per head (exact, Q.55)."""
     n_heads = p.shape[0]
-    t_len = p.shape[1]
+    n_rows = p.shape[1]
+    t_len = p.shape[2]
     dv = d_o.shape[1] // n_heads
     dvv = np.zeros((t_len, n_heads * dv), dtype=np.int64)
     his = np.zeros(dv, dtype=np.int64)
@@ -418,12 +460,12 @@ def value_back(p, d_o):
             for j in range(dv):
                 his[j] = 0
                 los[j] = 0
-            for t in range(s, t_len):
-                a = int(p[hh, t, s])
+            for r in range(max(s - t0, 0), n_rows):
+                a = int(p[hh, r, s])
                 ah = a >> DOT_LIMB
                 al = a & DOT_MASK
                 for j in range(dv):
-                    c = int(d_o[t, hh * dv + j])
+                    c = int(d_o[r, hh * dv + j])
                     his[j] += ah * c
                     los[j] += al * c
             for j in range(dv):
@@ -458,45 +500,49 @@ def gain_grad(g, nrm):
 
 
 # == exports =====================================================================================
-# pythran export mla_forward(int64[:,:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C))
-def mla_forward(x, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_o):
-    """y [B, T, d] Q.16 and the cache (n_q, r_q, c_q, q, n_kv, r_kv, c_kv, k_r, k_c, v, p, o,
-    sg, gated), then the out-of-domain count. Formats: module docstring. Error of y against
-    float64 on the same integers: FORWARD_MAX_ERR_LSB."""
+# pythran export mla_forward(int64[:,:,:] order(C), int, int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C))
+def mla_forward(x, t0, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_o):
+    """y [B, T, d] Q.16 (0 at rows < t0) and the cache (n_q, r_q, c_q, q [B, R, .], n_kv, r_kv,
+    c_kv, k_r, k_c, v [B, T, .], p [B, H, R, T], o, sg, gated [B, R, .]), then the count of
+    values outside the domain (a T beyond FORWARD_MAX_T counts as one)."""
     n_b, t_len, d = x.shape[0], x.shape[1], x.shape[2]
+    n_rows = t_len - t0
     n_heads, nope, rope, dv = sizes(w_uq, w_uk, w_uv, w_kr)
     ql = w_dq.shape[0]
     kl = w_dkv.shape[0]
     hv = n_heads * dv
     scale = rsqrt_q(nope + rope, 0, 62)  # (nope + rope)^-1/2 in Q0.62
-    n_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
-    c_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
-    r_q_all = np.zeros((n_b, t_len, 2), dtype=np.int64)
-    q_all = np.zeros((n_b, t_len, w_uq.shape[0]), dtype=np.int64)
+    xq_all = rows_of(x, t0)
+    n_q_all = np.zeros((n_b, n_rows, ql), dtype=np.int64)
+    c_q_all = np.zeros((n_b, n_rows, ql), dtype=np.int64)
+    r_q_all = np.zeros((n_b, n_rows, 2), dtype=np.int64)
+    q_all = np.zeros((n_b, n_rows, w_uq.shape[0]), dtype=np.int64)
     n_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
     c_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
     r_kv_all = np.zeros((n_b, t_len, 2), dtype=np.int64)
     k_r_all = np.zeros((n_b, t_len, rope), dtype=np.int64)
     k_c_all = np.zeros((n_b, t_len, n_heads * nope), dtype=np.int64)
     v_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
-    p_all = np.zeros((n_b, n_heads, t_len, t_len), dtype=np.int64)
-    o_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
-    sg_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
-    gated_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
+    p_all = np.zeros((n_b, n_heads, n_rows, t_len), dtype=np.int64)
+    o_all = np.zeros((n_b, n_rows, hv), dtype=np.int64)
+    sg_all = np.zeros((n_b, n_rows, hv), dtype=np.int64)
+    gated_all = np.zeros((n_b, n_rows, hv), dtype=np.int64)
     y_all = np.zeros((n_b, t_len, d), dtype=np.int64)
     bad = np.zeros(n_b, dtype=np.int64)
     # omp parallel for
     for b in range(n_b):
         xb = take(x, b)
-        n_q, c_q, r_q = norm_rows(project(xb, w_dq, 0, bad, b), q_norm)  # W_dq x exact in Q.36
+        xq = take(xq_all, b)
+        n_q, c_q, r_q = norm_rows(project(xq, w_dq, 0, bad, b), q_norm)  # W_dq x exact in Q.36
         q = project(c_q, w_uq, W_FRAC, bad, b)  # Q.44 -> Q.24
         n_kv, c_kv, r_kv = norm_rows(project(xb, w_dkv, 0, bad, b), kv_norm)
         k_r = project(xb, w_kr, A_FRAC - INT_FRAC, bad, b)  # Q.36 -> Q.24
         k_c = project(c_kv, w_uk, W_FRAC, bad, b)
         v = project(c_kv, w_uv, W_FRAC, bad, b)
-        p, o = attend(q, k_c, k_r, v, n_heads, scale)
-        sg, gated = gate(project(xb, w_g, 0, bad, b), o)  # u = W_g x exact in Q.36
-        put(y_all, b, project(gated, w_o, INT_FRAC + W_FRAC - ACT_FRAC, bad, b))  # Q.44 -> Q.16
+        p, o = attend(q, k_c, k_r, v, n_heads, scale, t0)
+        sg, gated = gate(project(xq, w_g, 0, bad, b), o)  # u = W_g x exact in Q.36
+        # y = W_o G at the query rows, Q.44 -> Q.16; 0 above them
+        put(y_all, b, pad_rows(project(gated, w_o, INT_FRAC + W_FRAC - ACT_FRAC, bad, b), t_len))
         put(n_q_all, b, n_q)
         put(c_q_all, b, c_q)
         put(r_q_all, b, r_q)
@@ -508,9 +554,9 @@ def mla_forward(x, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_
         put(k_c_all, b, k_c)
         put(v_all, b, v)
         for hh in range(n_heads):
-            for t in range(t_len):
+            for r in range(n_rows):
                 for s in range(t_len):
-                    p_all[b, hh, t, s] = p[hh, t, s]
+                    p_all[b, hh, r, s] = p[hh, r, s]
         put(o_all, b, o)
         put(sg_all, b, sg)
         put(gated_all, b, gated)
@@ -522,7 +568,7 @@ def mla_forward(x, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_
             + out_of_domain(k_c)
             + out_of_domain(v)
         )
-    n_bad = int(np.sum(bad))
+    n_bad = int(np.sum(bad)) + (1 if t_len > FORWARD_MAX_T else 0)
     return (
         y_all,
         n_q_all,
@@ -543,10 +589,11 @@ def mla_forward(x, w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv, w_g, w_
     )
 
 
-# pythran export mla_backward(int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C))
+# pythran export mla_backward(int64[:,:,:] order(C), int64[:,:,:] order(C), int, int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C))
 def mla_backward(
     dy,
     x,
+    t0,
     w_dq,
     q_norm,
     w_uq,
@@ -573,49 +620,53 @@ def mla_backward(
     gated_all,
 ):
     """dx [B, T, d] Q.24, the gradients of w_dq, q_norm, w_uq, w_dkv, kv_norm, w_kr, w_uk, w_uv,
-    w_g, w_o (Q.24, summed over all tokens), then the out-of-domain count, for L = sum dy . y.
-    Error against float64 on the same integers: backward_max_err_lsb(B T)."""
+    w_g, w_o (Q.24, summed over all tokens), then the out-of-domain count (a T beyond
+    BACKWARD_MAX_T counts as one), for L = sum dy . y; dy at rows < t0 meets y = 0 there and
+    adds nothing."""
     n_b, t_len, d = x.shape[0], x.shape[1], x.shape[2]
+    n_rows = t_len - t0
     n_heads, nope, rope, dv = sizes(w_uq, w_uk, w_uv, w_kr)
     ql = w_dq.shape[0]
     kl = w_dkv.shape[0]
     hv = n_heads * dv
     scale = rsqrt_q(nope + rope, 0, 62)
-    du_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
-    dq_all = np.zeros((n_b, t_len, w_uq.shape[0]), dtype=np.int64)
+    dyq_all = rows_of(dy, t0)
+    xq_all = rows_of(x, t0)
+    du_all = np.zeros((n_b, n_rows, hv), dtype=np.int64)
+    dq_all = np.zeros((n_b, n_rows, w_uq.shape[0]), dtype=np.int64)
     dkc_all = np.zeros((n_b, t_len, n_heads * nope), dtype=np.int64)
     dv_all = np.zeros((n_b, t_len, hv), dtype=np.int64)
     dkr_all = np.zeros((n_b, t_len, rope), dtype=np.int64)
-    dc_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
-    da_q_all = np.zeros((n_b, t_len, ql), dtype=np.int64)
+    dc_q_all = np.zeros((n_b, n_rows, ql), dtype=np.int64)
+    da_q_all = np.zeros((n_b, n_rows, ql), dtype=np.int64)
     dc_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
     da_kv_all = np.zeros((n_b, t_len, kl), dtype=np.int64)
     dx_all = np.zeros((n_b, t_len, d), dtype=np.int64)
     bad = np.zeros(n_b, dtype=np.int64)
     # omp parallel for
     for b in range(n_b):
-        dyb = take(dy, b)
-        q = take(q_all, b)
-        p = np.zeros((n_heads, t_len, t_len), dtype=np.int64)
+        p = np.zeros((n_heads, n_rows, t_len), dtype=np.int64)
         for hh in range(n_heads):
-            for t in range(t_len):
+            for r in range(n_rows):
                 for s in range(t_len):
-                    p[hh, t, s] = p_all[b, hh, t, s]
-        zero = np.zeros((t_len, hv), dtype=np.int64)
-        dg = round_sum2(project_t(dyb, w_o, bad, b), zero, W_FRAC)  # dG = W_o^T dy, Q.44 -> Q.24
+                    p[hh, r, s] = p_all[b, hh, r, s]
+        zero = np.zeros((n_rows, hv), dtype=np.int64)
+        dg = round_sum2(project_t(take(dyq_all, b), w_o, bad, b), zero, W_FRAC)  # dG = W_o^T dy
         d_o, du = gate_back(dg, take(sg_all, b), take(o_all, b))
-        ds = scores_back(p, take(v_all, b), d_o, scale)
-        dq = query_back(ds, take(k_c_all, b), take(k_r_all, b))
-        dkc, dkr = key_back(ds, q, rope)
-        dvv = value_back(p, d_o)
+        ds = scores_back(p, take(v_all, b), d_o, scale, t0)
+        dq = query_back(ds, take(k_c_all, b), take(k_r_all, b), t0)
+        dkc, dkr = key_back(ds, take(q_all, b), rope, t0)
+        dvv = value_back(p, d_o, t0)
         dc_kv = round_sum2(project_t(dkc, w_uk, bad, b), project_t(dvv, w_uv, bad, b), W_FRAC)
-        zq = np.zeros((t_len, ql), dtype=np.int64)
+        zq = np.zeros((n_rows, ql), dtype=np.int64)
         dc_q = round_sum2(project_t(dq, w_uq, bad, b), zq, W_FRAC)
         da_q = norm_back(dc_q, q_norm, take(n_q_all, b), take(r_q_all, b))
         da_kv = norm_back(dc_kv, kv_norm, take(n_kv_all, b), take(r_kv_all, b))
         # dx = W_g^T du + W_kr^T dk_r + W_dq^T da_q + W_dkv^T da_kv, exact in Q.44, one rounding
-        acc = round_sum2(project_t(du, w_g, bad, b), project_t(dkr, w_kr, bad, b), 0)
-        acc = round_sum2(acc, project_t(da_q, w_dq, bad, b), 0)
+        # (du and da_q are 0 above the query rows)
+        acc = round_sum2(project_t(pad_rows(du, t_len), w_g, bad, b),
+                         project_t(dkr, w_kr, bad, b), 0)  # fmt: skip
+        acc = round_sum2(acc, project_t(pad_rows(da_q, t_len), w_dq, bad, b), 0)
         put(dx_all, b, round_sum2(acc, project_t(da_kv, w_dkv, bad, b), W_FRAC))
         put(du_all, b, du)
         put(dq_all, b, dq)
@@ -640,7 +691,7 @@ def mla_backward(
         )
     xs = A_FRAC - W_FRAC  # a Q.24 gradient times Q.16 x = Q.40 -> Q.24: 16
     wbad = np.zeros(1, dtype=np.int64)
-    g_dq = weight_grad(da_q_all, x, xs, wbad)
+    g_dq = weight_grad(da_q_all, xq_all, xs, wbad)
     g_qn = gain_grad(dc_q_all, n_q_all)
     g_uq = weight_grad(dq_all, c_q_all, INT_FRAC, wbad)
     g_dkv = weight_grad(da_kv_all, x, xs, wbad)
@@ -648,7 +699,7 @@ def mla_backward(
     g_kr = weight_grad(dkr_all, x, xs, wbad)
     g_uk = weight_grad(dkc_all, c_kv_all, INT_FRAC, wbad)
     g_uv = weight_grad(dv_all, c_kv_all, INT_FRAC, wbad)
-    g_g = weight_grad(du_all, x, xs, wbad)
-    g_o = weight_grad(dy, gated_all, INT_FRAC, wbad)
-    n_bad = int(np.sum(bad)) + int(wbad[0])
+    g_g = weight_grad(du_all, xq_all, xs, wbad)
+    g_o = weight_grad(dyq_all, gated_all, INT_FRAC, wbad)
+    n_bad = int(np.sum(bad)) + int(wbad[0]) + (1 if t_len > BACKWARD_MAX_T else 0)
     return dx_all, g_dq, g_qn, g_uq, g_dkv, g_kvn, g_kr, g_uk, g_uv, g_g, g_o, n_bad

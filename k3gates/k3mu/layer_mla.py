@@ -67,27 +67,32 @@ def _args(p: dict) -> list[np.ndarray]:
     return [np.ascontiguousarray(p[name], dtype=np.int64) for name in WEIGHTS]
 
 
-def forward(mod, x: np.ndarray, p: dict) -> tuple[np.ndarray, tuple]:
-    """y [B, T, d] Q.16 from x [B, T, d] Q.16 and Q.20 weights; the cache holds the kernel's
-    intermediates (formats: kernels_mla docstring)."""
-    out = mod.mla_forward(np.ascontiguousarray(x, dtype=np.int64), *_args(p))
+def forward(mod, x: np.ndarray, p: dict, t0: int = 0) -> tuple[np.ndarray, tuple]:
+    """y [B, T, d] Q.16 from x [B, T, d] Q.16 and Q.20 weights, with the queries at rows t0..
+    only (y is 0 above them); the cache holds the kernel's intermediates (formats:
+    kernels_mla docstring)."""
+    out = mod.mla_forward(np.ascontiguousarray(x, dtype=np.int64), int(t0), *_args(p))
     if int(out[-1]):
         raise DomainError(
-            f"kernels_mla.mla_forward: {int(out[-1])} internal values beyond |2^7| (Q.24 domain)"
+            f"kernels_mla.mla_forward: {int(out[-1])} internal values beyond |2^7| (Q.24 "
+            f"domain), or T = {x.shape[1]} beyond kernels_mla.FORWARD_MAX_T"
         )
     return out[0], tuple(out[1:-1])
 
 
 def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
     """dx [B, T, d] Q.24 and every parameter's gradient (Q.24, summed over all tokens)."""
+    t0 = x.shape[1] - cache[3].shape[1]  # the forward's query rows: cache[3] is q [B, R, .]
     out = mod.mla_backward(
         np.ascontiguousarray(dy, dtype=np.int64),
         np.ascontiguousarray(x, dtype=np.int64),
+        t0,
         *_args(p),
         *cache,
     )
     if int(out[-1]):
         raise DomainError(
-            f"kernels_mla.mla_backward: {int(out[-1])} internal gradients beyond |2^7| (Q.24)"
+            f"kernels_mla.mla_backward: {int(out[-1])} internal gradients beyond |2^7| (Q.24) "
+            f"or T = {x.shape[1]} beyond kernels_mla.BACKWARD_MAX_T"
         )
     return out[0], dict(zip(WEIGHTS, out[1:-1], strict=True))

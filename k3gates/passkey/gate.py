@@ -5,9 +5,9 @@ layers) in integers on passkey retrieval (task.py), on a curriculum that ends at
 tokens, beside its float64 twin and through the shared training helper; holds the exact-match
 accuracy at the trained length to 95%; then evaluates the trained model, without further
 training, at 2^12, 2^14 and 2^16 filler tokens with the passkey at five depths, and holds 2^16
-to the accuracy declared below. The MLA layer's queries run at the answer rows only
-(kernels.py); the gate holds that layer to K3-μ's full MLA kernel bit for bit, and to float64 at
-2^16 tokens.
+to the accuracy declared below. The MLA layer's queries run at the answer rows only (K3-μ's
+kernels_mla with t0 = T - 5); the gate holds that run to the same kernel's run at every row, bit
+for bit, and to float64 at 2^16 tokens.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import time
 import numpy as np
 
 from k3gates.gate import GateContext, digest, gate
+from k3gates.k3mu import kernels_mla as KM
+from k3gates.k3mu import layer_mla, reference_mla
 from k3gates.k3mu.ops import KERNELS
 from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
 
-from . import kernels as K
-from . import layer
-from . import reference as R
 from . import task as T
 
 # Declared before any run of this gate.
@@ -49,10 +48,10 @@ MLA_2_16 = "mla_rows_2_16"
     "passkey_retrieval",
     innovation="longctx",
     level="PROVEN",
-    kernels=[*KERNELS.values(), T.KERNELS],
+    kernels=list(KERNELS.values()),
     bounds={
         "loss_curve": CURVE_REL_TOL,
-        MLA_2_16: K.forward_max_err_lsb(T.context(LENGTHS[-1])),
+        MLA_2_16: KM.forward_max_err_lsb(T.context(LENGTHS[-1])),
     },
     timeout=400,
     requires=["longctx_kda_backward", "k3block_backward"],
@@ -140,18 +139,15 @@ def _rows_equal_full(ctx: GateContext, ops, p: dict, d: dict) -> None:
     tokens, targets = d["eval"][0][:2, -EQUAL_T:], d["eval"][1][:2, -EQUAL_T:]
     x = _mla_input(ops, p, tokens, targets)
     w = _mla_weights(p)
-    rows = ctx.compiled(T.KERNELS)
-    full = ctx.compiled(KERNELS["mla"])
+    mla = ctx.compiled(KERNELS["mla"])
     t0 = EQUAL_T - T.ANSWER
-    from k3gates.k3mu import layer_mla
-
-    y, cache = layer.forward(rows, x, w, t0)
-    y_full, cache_full = layer_mla.forward(full, x, w)
+    y, cache = layer_mla.forward(mla, x, w, t0)
+    y_full, cache_full = layer_mla.forward(mla, x, w)
     rng = np.random.default_rng([SEED, 3])
     dy = np.zeros_like(x)
     dy[:, t0:] = rng.integers(-(1 << 24), 1 << 24, dy[:, t0:].shape)
-    dx, g = layer.backward(rows, dy, x, w, cache)
-    dx_full, g_full = layer_mla.backward(full, dy, x, w, cache_full)
+    dx, g = layer_mla.backward(mla, dy, x, w, cache)
+    dx_full, g_full = layer_mla.backward(mla, dy, x, w, cache_full)
     same = [np.array_equal(y[:, t0:], y_full[:, t0:]), not y[:, :t0].any(),
             np.array_equal(dx, dx_full)] + [np.array_equal(g[k], g_full[k]) for k in g]  # fmt: skip
     ctx.check(
@@ -186,14 +182,14 @@ def _rows_against_float(ctx: GateContext, ops, p: dict) -> None:
     x = _mla_input(ops, p, tokens, targets)
     w = _mla_weights(p)
     t0 = tokens.shape[1] - T.ANSWER
-    y, _ = layer.forward(ctx.compiled(T.KERNELS), x, w, t0)
+    y, _ = layer_mla.forward(ctx.compiled(KERNELS["mla"]), x, w, t0)
     wf = S.twin_params({k: v for k, v in w.items()})
-    y_ref, _ = R.forward(x * 2.0**-16, wf, t0)
+    y_ref, _ = reference_mla.forward(x * 2.0**-16, wf, t0)
     ctx.check_reference(
         MLA_2_16,
         f"the trained MLA layer's output at the answer rows, attending over "
         f"{tokens.shape[1]:,} keys, against float64 on the same integer input (bound: the "
-        "softmax's 1/2 LSB per key summed over the keys, kernels.forward_max_err_lsb)",
+        "softmax's 1/2 LSB per key summed over the keys, kernels_mla.forward_max_err_lsb)",
         y[:, t0:],
         y_ref[:, t0:] * 2.0**16,
         unit="Q.16 LSB",

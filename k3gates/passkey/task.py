@@ -14,8 +14,8 @@ The model (k3gates.tasks.seq): an embedding plus an embedding of the previous to
 layer, then one Gated MLA layer, a head. K3 interleaves three KDA layers per MLA layer; the
 three-KDA stack took 318 s for this gate on this 2-core machine (its budget is 180 s), so the
 model keeps the smallest stack with both kinds in K3's order. The MLA layer is the last, and
-only the answer rows are scored, so it runs its queries at those rows alone
-(kernels.mla_rows_forward): the model's loss and gradients are those of the full layer, at a
+only the answer rows are scored, so it runs its queries at those rows alone (kernels_mla with
+t0 = T - 5): the model's loss and gradients are those of the full layer, at a
 cost linear in the context instead of quadratic.
 """
 
@@ -26,17 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from ..k3mu import corpus
+from ..k3mu import corpus, layer_mla, reference_mla
 from ..k3mu.ops import FloatOps, IntOps
 from ..tasks import seq as S
-from . import reference
 
 DIGITS = 5  # passkey length
 FIRST_DIGIT = 1  # ids 1..10 are the digits 0..9; 0 is "no previous token"
 KEY = 11  # "the pass key is"
 ASK = 12  # "what is the pass key?"
 FILLER0 = 13  # the filler characters start here
-KERNELS = "k3gates.passkey.kernels"
 
 
 @cache
@@ -91,16 +89,7 @@ class RowsInt(IntOps):
     def layer(self, kind: str, x: np.ndarray, p: dict) -> tuple[np.ndarray, Any]:
         if kind != "mla":
             return super().layer(kind, x, p)
-        from . import layer
-
-        return layer.forward(self.load(KERNELS), x, p, x.shape[1] - ANSWER)
-
-    def layer_back(self, kind, dy, x, p, cache) -> tuple[np.ndarray, dict]:
-        if kind != "mla":
-            return super().layer_back(kind, dy, x, p, cache)
-        from . import layer
-
-        return layer.backward(self.load(KERNELS), dy, x, p, cache)
+        return layer_mla.forward(self.mods["mla"], x, p, x.shape[1] - ANSWER)
 
 
 class RowsFloat(FloatOps):
@@ -109,12 +98,7 @@ class RowsFloat(FloatOps):
     def layer(self, kind, x, p):
         if kind != "mla":
             return super().layer(kind, x, p)
-        return reference.forward(x, p, x.shape[1] - ANSWER)
-
-    def layer_back(self, kind, dy, x, p, cache):
-        if kind != "mla":
-            return super().layer_back(kind, dy, x, p, cache)
-        return reference.backward(dy, x, p, cache)
+        return reference_mla.forward(x, p, x.shape[1] - ANSWER)
 
 
 # -- the training run: a curriculum up to the trained length -------------------------------------
