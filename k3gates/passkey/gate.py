@@ -40,7 +40,7 @@ LENGTHS = (1 << 12, 1 << 14, 1 << 16)  # filler tokens; 2^12 is the trained leng
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the passkey sits, as a fraction of the filler
 PER_CELL = {1 << 12: 8, 1 << 14: 4, 1 << 16: 4}  # passkeys per (length, depth)
 TINY = slice(31, 43)  # compiled == interpreted: the last 12 tokens of a first-phase sequence
-EQUAL_T = 96  # rows kernel == K3-μ's full MLA kernel, on sequences this long (its T <= 128)
+EQUAL_T = 96  # the answer rows alone == every row, on held-out sequences cut this long
 MLA_2_16 = "mla_rows_2_16"
 
 
@@ -63,8 +63,8 @@ def passkey_retrieval(ctx: GateContext) -> None:
     at 2^16 without training there.
 
     The loss ends below 0.3 bits/digit, within 3% of its float64 twin at every evaluation,
-    bit-identical in a fresh process; the answer-rows MLA kernel equals K3-μ's full MLA kernel
-    bit for bit, and float64 at 2^16 tokens within its declared bound."""
+    bit-identical in a fresh process; the MLA layer run at the answer rows alone equals the
+    same layer run at every row, bit for bit, and float64 at 2^16 tokens within its bound."""
     d = T.data(SEED)
     _, out, twin, int_s = P.train_beside_twin(
         ctx, T, steps=T.STEPS, seed=SEED, eval_every=EVAL_EVERY, threshold=THRESHOLD_BITS,
@@ -133,9 +133,9 @@ def _grid(ops, p: dict) -> dict[int, list[np.ndarray]]:
 
 
 def _rows_equal_full(ctx: GateContext, ops, p: dict, d: dict) -> None:
-    """The answer-rows MLA kernel against K3-μ's full MLA kernel, on the trained MLA layer's
-    input of two held-out sequences cut to EQUAL_T tokens: y at the answer rows, and dx and
-    every weight gradient with dy = 0 above them, bit for bit."""
+    """The MLA layer run at the answer rows alone against the same layer at every row, on the
+    trained MLA layer's input of two held-out sequences cut to EQUAL_T tokens: y at the answer
+    rows, and dx and every weight gradient with dy = 0 above them, bit for bit."""
     tokens, targets = d["eval"][0][:2, -EQUAL_T:], d["eval"][1][:2, -EQUAL_T:]
     x = _mla_input(ops, p, tokens, targets)
     w = _mla_weights(p)
@@ -152,14 +152,14 @@ def _rows_equal_full(ctx: GateContext, ops, p: dict, d: dict) -> None:
             np.array_equal(dx, dx_full)] + [np.array_equal(g[k], g_full[k]) for k in g]  # fmt: skip
     ctx.check(
         "rows_equal_full",
-        f"the MLA layer run at the {T.ANSWER} answer rows only equals K3-μ's full MLA kernel on "
-        f"the trained layer and two {EQUAL_T}-token held-out sequences: y at those rows, and dx "
-        "and every weight gradient for a loss on them, bit for bit",
+        f"the MLA layer run at the {T.ANSWER} answer rows only equals the same layer run at every "
+        f"row, on the trained layer and two {EQUAL_T}-token held-out sequences: y at those rows, "
+        "and dx and every weight gradient for a loss on them, bit for bit",
         all(same),
         message=f"{same.count(False)} of {len(same)} arrays differ",
         kind="deterministic",
-        digests={"rows: y, dx, grads": digest(y[:, t0:], dx, *g.values()),
-                 "full: y, dx, grads": digest(y_full[:, t0:], dx_full, *g_full.values())},
+        digests={"answer rows: y, dx, grads": digest(y[:, t0:], dx, *g.values()),
+                 "every row: y, dx, grads": digest(y_full[:, t0:], dx_full, *g_full.values())},
     )  # fmt: skip
 
 
