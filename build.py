@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import tomllib
@@ -34,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from latex2mathml.converter import convert as latex_to_mathml
 from markdown_it import MarkdownIt
+from mdit_py_plugins.dollarmath import dollarmath_plugin
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
@@ -76,6 +79,7 @@ class Settings:
     check: bool = False  # exit non-zero on a failed gate or a liar-killed claim
     record: bool = False  # append this build's census to site_src/history.jsonl (clean tree only)
     watch: bool = False  # rebuild whenever k3gates/, site_src/ or templates/ change
+    building_page: bool = False  # publish a live progress page until the site exists (serve's)
 
 
 def parse_args(argv: list[str] | None) -> Settings:
@@ -103,6 +107,11 @@ def parse_args(argv: list[str] | None) -> Settings:
         help="append this build's census to the history (needs a clean tree at a commit)",
     )
     p.add_argument("--watch", action="store_true", help="rebuild whenever a source changes")
+    p.add_argument(
+        "--building-page",
+        action="store_true",
+        help="while no site is published, publish a live progress page (python -m serve does)",
+    )
     a = p.parse_args(argv)
     return Settings(
         content=a.content.resolve(),
@@ -115,6 +124,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         check=a.check,
         record=a.record,
         watch=a.watch,
+        building_page=a.building_page,
     )
 
 
@@ -132,6 +142,7 @@ class Progress:
         self.phase, self.total, self.done = "", 0, 0
         self.current: dict[str, float] = {}  # item -> start time
         self.started = time.perf_counter()
+        self.phases: dict[str, list[float]] = {}  # phase -> [done, total, start time]
         self._stop = threading.Event()
         if self.tty:
             threading.Thread(target=self._tick, daemon=True).start()
@@ -140,6 +151,7 @@ class Progress:
         with self.lock:
             self.phase, self.total, self.done = phase, total, 0
             self.current.clear()
+            self.phases[phase] = [0, total, time.perf_counter()]
 
     def start(self, item: str) -> None:
         with self.lock:
@@ -150,6 +162,7 @@ class Progress:
         with self.lock:
             self.current.pop(item, None)
             self.done += 1
+            self.phases[self.phase][0] = self.done
             if line:
                 self._print(line)
             self._draw()
@@ -157,6 +170,23 @@ class Progress:
     def log(self, line: str) -> None:
         with self.lock:
             self._print(line)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Where the build is, for the building page: counts per phase, running items, times."""
+        with self.lock:
+            now = time.perf_counter()
+            phases = {}
+            for name, (done, total, start) in self.phases.items():
+                left = None  # the phase's own pace so far; unknown before its first item ends
+                if done and done < total:
+                    left = (now - start) / done * (total - done)
+                phases[name] = {"done": int(done), "total": int(total), "left": left}
+            return {
+                "phase": self.phase,
+                "phases": phases,
+                "running": {k: now - t for k, t in self.current.items()},
+                "elapsed": now - self.started,
+            }
 
     def close(self) -> None:
         self._stop.set()
@@ -198,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
 def build(s: Settings) -> int:
     laps = Laps()
     progress = Progress()
+    building = BuildingPage(s, progress) if s.building_page else None
     try:
+        if building:
+            building.start()
         packages = [GatePackage(p) for p in s.packages]
         gates = discover(packages, s.only)  # 1. discover gates and content
         content = load_content(s.content)
@@ -212,13 +245,23 @@ def build(s: Settings) -> int:
         laps.mark("render")
         write_gzip_sidecars(staged)
         laps.mark("compress")
+        if building:
+            building.stop()
         publish(staged, s.out)  # 7. swap it in atomically
         laps.mark("publish")
     except BuildError as e:
         progress.close()
         print(f"build failed: {e}", file=sys.stderr)
-        print(f"{s.out} was left unchanged.", file=sys.stderr)
+        if building:
+            building.fail(str(e))
+            print(f"{s.out} shows the failure.", file=sys.stderr)
+        else:
+            print(f"{s.out} was left unchanged.", file=sys.stderr)
         return 1
+    except BaseException:
+        if building:  # a bug in the build itself: the page says so rather than spinning forever
+            building.fail(traceback.format_exc())
+        raise
     progress.close()
     summary(census, pages, laps)
     status = record_history(census, results, s.content) if s.record else 0
@@ -292,8 +335,60 @@ class Fact:
         return f"{self.gate}/{self.check}"
 
 
-MARKDOWN = MarkdownIt("commonmark", {"html": False, "typographer": True}).enable("table")
 FRONT_MATTER = "+++"
+
+
+class MathError(ValueError):
+    """LaTeX that would not come out as the equation written; the message says what is wrong."""
+
+
+def mathml(latex: str, display: bool) -> str:
+    """`$…$` or `$$…$$` as MathML, made at build time: no script on the page, the CSP holds."""
+    depth = 0
+    for ch in re.sub(r"\\[{}]", "", latex):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            raise MathError(f"unbalanced '}}' in ${latex}$")
+    if depth:
+        raise MathError(f"unclosed '{{' in ${latex}$")
+    try:
+        out = latex_to_mathml(latex, display="block" if display else "inline")
+    except Exception as e:  # latex2mathml raises its own error per syntax problem
+        raise MathError(f"${latex}$ is not LaTeX it can read: {type(e).__name__} {e}") from e
+    # an unknown command is kept as text, so a typo would be printed as "\\bta"
+    if m := re.search(r">(\\[A-Za-z]+)<", out):
+        raise MathError(f"unknown LaTeX command {m.group(1)} in ${latex}$")
+    return out
+
+
+MARKDOWN = (
+    MarkdownIt("commonmark", {"html": False, "typographer": True})
+    .enable("table")
+    .use(
+        dollarmath_plugin,
+        allow_space=False,  # "$5 and $6" stays money: math hugs its dollars, as in TeX
+        allow_digits=False,
+        allow_labels=False,
+        renderer=lambda latex, config: mathml(latex, config["display_mode"]),
+    )
+)
+
+
+def render_markdown(path: Path, body: str, first: int) -> str:
+    """The body as HTML; a math error names the file line its equation is on."""
+    tokens = MARKDOWN.parse(body)
+    for tok in tokens:
+        maths = [(tok.content, tok.content, True)] if tok.type == "math_block" else []
+        if tok.type == "inline":
+            maths = [(c.content, tok.content, False) for c in tok.children or []
+                     if c.type == "math_inline"]  # fmt: skip
+        for latex, text, display in maths:
+            try:
+                mathml(latex, display)
+            except MathError as e:
+                line = first + (tok.map or [0])[0] + text[: text.find(latex)].count("\n")
+                raise BuildError(f"{path}:{line}: {e}") from None
+    return MARKDOWN.renderer.render(tokens, MARKDOWN.options, {})
 
 
 def read_page(path: Path) -> Page:
@@ -316,7 +411,7 @@ def read_page(path: Path) -> Page:
         raise BuildError(f"{path}:{line}: front matter is not valid TOML: {e}") from e
     check_block_starts(path, lines[end + 1 :], end + 2)
     body = "\n".join(lines[end + 1 :])
-    return Page(path, meta, MARKDOWN.render(body), end + 2)
+    return Page(path, meta, render_markdown(path, body, end + 2), end + 2)
 
 
 # A line that opens with one of these inside a running paragraph is read by markdown as new block
@@ -330,7 +425,7 @@ _SPLITTERS = [
     (re.compile(r"(=+|-+)[ \t]*$"), "a heading underline"),
 ]
 _LEAD_IN = re.compile(r"(:|:\*\*|^\*\*[^*]+\*\*)$")  # "…as follows:" or a bold label line
-_FENCE = re.compile(r"(`{3,}|~{3,})")
+_FENCE = re.compile(r"(`{3,}|~{3,}|\$\$$)")  # code fences, and display math on its own lines
 _ITEM = re.compile(r"([+*-]|[0-9]{1,9}[.)])([ \t]|$)")
 
 
@@ -352,6 +447,11 @@ def check_block_starts(path: Path, body: list[str], first: int) -> None:
                 fence = ""
             continue
         if m := _FENCE.match(line):
+            if m.group(1) == "$$" and block == "para":
+                raise BuildError(
+                    f"{path}:{n}: display math ($$) inside a paragraph is read as text: "
+                    "leave a blank line before it"
+                )
             fence, block = m.group(1), ""
             continue
         if not line:
@@ -1097,6 +1197,68 @@ def _prune_builds(builds: Path, keep: Path) -> None:
     old = sorted((p for p in builds.iterdir() if p.is_dir() and p != keep), key=os.path.getmtime)
     for p in old[: max(0, len(old) - (KEEP_OLD_BUILDS - 1))]:
         shutil.rmtree(p, ignore_errors=True)
+
+
+# -- the building page ---------------------------------------------------------------------------
+BUILDING_MARK = ".building"  # in a published building page: not the site yet, so serve rebuilds
+
+
+class BuildingPage:
+    """`--building-page`: a live page at `out` until the site is published (issue 18, item 5).
+
+    A fresh checkout has nothing to serve for minutes, so `python -m serve` starts the build with
+    this flag and serves at once. Every second the page is rendered again (kernel modules
+    compiled, gates run, what is running, elapsed and estimated time) and published by the same
+    atomic swap as the site; a meta refresh reloads it, since the CSP allows no inline script.
+    A failed build leaves its error on the page. It never replaces a published site.
+    """
+
+    REFRESH_S = 2
+
+    def __init__(self, s: Settings, progress: Progress) -> None:
+        self.s, self.progress = s, progress
+        self.enabled = not s.out.exists() or (s.out / BUILDING_MARK).exists()
+        self.env = _environment(s.templates)
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        if self.enabled:
+            self.show()
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def fail(self, error: str) -> None:
+        self.stop()
+        if self.enabled:
+            self.show(error)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self.show()
+
+    def show(self, failure: str | None = None) -> None:
+        with self.lock:
+            builds = self.s.out.parent / f".{self.s.out.name}"
+            builds.mkdir(parents=True, exist_ok=True)
+            stage = Path(tempfile.mkdtemp(prefix="building-", dir=builds))
+            assets = copy_assets(self.s.content / "static", stage / "assets")
+            html = self.env.get_template("building.html").render(
+                **self.progress.snapshot(),
+                failure=failure,
+                refresh=self.REFRESH_S,
+                asset=assets.__getitem__,
+            )
+            for name in ("index.html", "404.html"):  # every address shows it meanwhile
+                (stage / name).write_text(html, encoding="utf-8")
+            (stage / BUILDING_MARK).write_text("published by build.py --building-page\n")
+            stage.chmod(0o755)  # mkdtemp makes it private; the server may run as another user
+            publish(stage, self.s.out)
 
 
 # -- history -------------------------------------------------------------------------------------

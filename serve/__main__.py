@@ -1,6 +1,7 @@
 """`python -m serve`: serve the built site over HTTPS (TLS 1.3 only, h2 and http/1.1).
 
-python -m serve                     build first if public/ is missing, then serve :8443
+python -m serve                     serve :8443; with no public/ yet, a live building page
+                                    until build.py publishes the site
 python -m serve --watch             also run `build.py --watch`; each new build is served
 python -m serve --print-ca > ca.pem the local CA, for `curl --cacert ca.pem` or a browser
 python -m serve --cert c.pem --key k.pem --host 0.0.0.0 --port 443 --workers 2
@@ -16,7 +17,14 @@ from .app import AppSettings
 from .certs import CertPaths, CertSettings, default_state_dir, ensure_local_certificates
 from .files import FileSettings
 from .headers import HeaderSettings
-from .server import Plan, ServerSettings, StartupError, run_build, serve_plan, watching_build
+from .server import (
+    Plan,
+    ServerSettings,
+    StartupError,
+    build_child,
+    needs_first_build,
+    serve_plan,
+)
 from .tls import TLSSettings
 
 # The project root is the folder holding serve/; build.py and public/ live there.
@@ -44,6 +52,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--print-ca", action="store_true", help="print the local CA certificate and exit"
     )
     p.add_argument("--watch", action="store_true", help="run build.py --watch alongside")
+    p.add_argument(
+        "--build-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="pass ARG to the build.py this starts (repeatable; e.g. --build-arg=--jobs=1)",
+    )
     p.add_argument("--redirect-port", type=int, help="also listen on plain HTTP, only to redirect")
     p.add_argument(
         "--redirect-host",
@@ -118,17 +133,17 @@ def validate(args: argparse.Namespace) -> None:
         raise StartupError(f"--redirect-host must be a bare host name, not {host!r}")
 
 
-def ensure_site(root: Path, project_root: Path | None) -> None:
-    """The site must exist. With a project root, a missing site is built first (a fresh clone);
-    a site given with --root is never built, since build.py only ever writes public/."""
+def ensure_site(root: Path, project_root: Path | None) -> bool:
+    """True when the site must be built first. Only public/ of this project is ever built (a
+    site given with --root is not, since build.py only writes public/); otherwise the site must
+    exist."""
+    if project_root is not None and needs_first_build(root):
+        return True
     if not root.exists():
-        if project_root is None:
-            raise StartupError(f"site root {root} does not exist")
-        run_build(project_root)
-        if not root.exists():
-            raise StartupError(f"build.py succeeded but {root} still does not exist")
+        raise StartupError(f"site root {root} does not exist")
     if not root.is_dir():
         raise StartupError(f"site root {root} is not a folder")
+    return False
 
 
 def tls_settings(args: argparse.Namespace) -> tuple[TLSSettings, CertSettings | None]:
@@ -156,7 +171,6 @@ def print_ca() -> int:
 
 def build_plan(args: argparse.Namespace) -> Plan:
     root = args.root.absolute()  # not resolved: a `public` symlink is followed per request
-    ensure_site(root, PROJECT_ROOT if args.root == DEFAULT_ROOT else None)
     tls, certs = tls_settings(args)
     server = ServerSettings(
         host=args.host,
@@ -183,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         if args.print_ca:
             return print_ca()
-        plan = build_plan(args)
-        with watching_build(PROJECT_ROOT, args.watch):
-            return serve_plan(plan)
+        root = args.root.absolute()
+        first = ensure_site(root, PROJECT_ROOT if args.root == DEFAULT_ROOT else None)
+        with build_child(PROJECT_ROOT, root, first=first, watch=args.watch, extra=args.build_arg):
+            return serve_plan(build_plan(args))
     except StartupError as error:
         print(f"serve: {error}", file=sys.stderr)
         return 1

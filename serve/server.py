@@ -24,8 +24,9 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -419,25 +420,38 @@ def serve_plan(plan: Plan) -> int:
 # --- build.py as a child -----------------------------------------------------------------
 
 
-def run_build(project_root: Path) -> None:
-    """Run `python build.py` once, in the foreground; its output is the user's to read."""
-    print("serve: public/ is missing; running build.py first", file=sys.stderr, flush=True)
-    result = subprocess.run([sys.executable, "build.py"], cwd=project_root, check=False)
-    if result.returncode != 0:
-        raise StartupError(
-            f"build.py failed with exit status {result.returncode}; nothing to serve "
-            f"(fix the build, or point --root at a built site)"
-        )
+# build.py's mark on the live page it publishes until the site exists (build.BUILDING_MARK)
+BUILDING_MARK = ".building"
+FIRST_PAGE_S = 10.0  # how long to wait for build.py's first building page before giving up
+
+
+def needs_first_build(root: Path) -> bool:
+    """No site yet: a fresh clone, or a build that never finished publishing one."""
+    return not root.exists() or (root / BUILDING_MARK).exists()
 
 
 @contextlib.contextmanager
-def watching_build(project_root: Path, enabled: bool) -> Iterator[None]:
-    """`build.py --watch` as a child for the server's lifetime; it publishes, we serve."""
-    if not enabled:
+def build_child(
+    project_root: Path, root: Path, *, first: bool, watch: bool, extra: Sequence[str] = ()
+) -> Iterator[None]:
+    """build.py as a child for the server's lifetime; it publishes, we serve.
+
+    `first`: there is no site, so the build publishes a live building page (within a second or
+    two) and then the site, by the same atomic swap; only that first page is waited for, so a
+    reader gets an answer at once. A failed build leaves its error on that page. `watch`: the
+    child keeps rebuilding on every change. `extra` goes to build.py as is.
+    """
+    args = [*(["--watch"] if watch else []), *(["--building-page"] if first else []), *extra]
+    if not (first or watch):
         yield
         return
-    child = subprocess.Popen([sys.executable, "build.py", "--watch"], cwd=project_root)
+    if first:
+        print("serve: no site yet; build.py builds it, and the page shows how far it is",
+              file=sys.stderr, flush=True)  # fmt: skip
+    child = subprocess.Popen([sys.executable, "build.py", *args], cwd=project_root)
     try:
+        if first:
+            _wait_for_first_page(child, root)
         yield
     finally:
         if child.poll() is None:
@@ -447,3 +461,16 @@ def watching_build(project_root: Path, enabled: bool) -> Iterator[None]:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+def _wait_for_first_page(child: subprocess.Popen[bytes], root: Path) -> None:
+    deadline = time.monotonic() + FIRST_PAGE_S
+    while not (root / "index.html").is_file():
+        if child.poll() is not None:
+            raise StartupError(
+                f"build.py exited with status {child.returncode} before publishing a page; "
+                "nothing to serve (its error is above)"
+            )
+        if time.monotonic() > deadline:
+            raise StartupError(f"build.py published no page within {FIRST_PAGE_S:g} s")
+        time.sleep(0.05)

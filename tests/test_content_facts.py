@@ -15,6 +15,7 @@ import copy
 import re
 import tomllib
 from collections.abc import Iterator
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,7 +26,11 @@ from lesson_support import Recorder, serve_site
 
 DATA = ROOT / "site_src" / "data"
 INNOVATIONS = ROOT / "site_src" / "innovations"
-EQUATION_NEW = "`y = W_up(RMSNorm(Σ_e w_e E_e(W_down x))) + Shared(x)`"
+# the equation with its last term, now display math on its own lines
+EQUATION_NEW = (
+    "\n$$\ny = W_{up}\\, \\operatorname{RMSNorm}\\Big(\\sum_e w_e\\, E_e(W_{down}\\, x)\\Big) "
+    "+ \\operatorname{Shared}(x), \\qquad E(z) = w_2\\, \\text{SiTU-GLU}(w_1 z,\\, w_3 z)\n$$\n"
+)
 
 
 def _toml(name: str) -> dict[str, Any]:
@@ -43,9 +48,9 @@ def _old_latentmoe(tmp: Path) -> tuple[Path, int]:
     text = (INNOVATIONS / "latentmoe.md").read_text(encoding="utf-8")
     assert EQUATION_NEW in text
     old = text.replace(
-        "7168:\n" + EQUATION_NEW + ", with each expert\n`E(z) = w2·SiTU-GLU(w1·z, w3·z)`.",
+        "7168:\n" + EQUATION_NEW + "\nSelection",
         "7168: y = W_up(RMSNorm(Σ_e w_e E_e(W_down x)))\n"
-        "+ Shared(x), with each expert E(z) = w2·SiTU-GLU(w1·z, w3·z).",
+        "+ Shared(x), with each expert E(z) = w2·SiTU-GLU(w1·z, w3·z). Selection",
     )
     assert old != text
     path = tmp / "latentmoe.md"
@@ -160,10 +165,12 @@ def _innermost_with(html: str, needle: str) -> tuple[str, str]:
 
 def test_built_latentmoe_keeps_shared_x_with_w_up(built_site: BuildRun):
     html = (built_site.out / "innovations" / "latentmoe" / "index.html").read_text()
-    tag, text = _innermost_with(html, "W_up(")
-    assert "Shared(x)" in text, (tag, text)
-    assert "+ Shared(x)" in text
-    assert tag == "code"
+    tag, text = _innermost_with(html, "RMSNorm")
+    assert tag in {"mo", "mi", "mrow", "math"}, (tag, text)  # typeset as MathML
+    equation = [m for m in re.findall(r"<math\b.*?</math>", html, flags=re.S) if "RMSNorm" in m]
+    assert len(equation) == 1
+    text = unescape(re.sub(r"<[^>]+>", "", equation[0]))
+    assert re.search(r"^y=WupRMSNorm\(.*\)\+Shared\(x\),", text), text
     assert not re.search(r"<li>\s*Shared\(x\)", html)
 
 
@@ -184,10 +191,12 @@ def test_latentmoe_equation_is_one_element_in_chromium(browser: Any, site: str, 
     rec.attach(context)
     page = context.new_page()
     page.goto(site + "/innovations/latentmoe/")
-    eq = page.locator("main :is(code, math, .equation)", has_text="W_up(")
+    eq = page.locator("main math", has_text="RMSNorm")
     assert eq.count() == 1
-    text = eq.first.inner_text()
-    assert "W_up(" in text and "Shared(x)" in text, text
+    text = re.sub(r"\s+", "", eq.first.text_content() or "")
+    assert text.startswith("y=WupRMSNorm(") and "+Shared(x)" in text, text
+    box = eq.first.bounding_box()
+    assert box and box["width"] > 100  # laid out as one equation, not lost in a list
     assert page.locator("main li", has_text=re.compile(r"^\s*Shared\(x\)")).count() == 0
     problems = rec.problems()
     context.close()

@@ -28,7 +28,7 @@ from serve_support import (
 )
 
 from serve.__main__ import ensure_site
-from serve.server import StartupError, watching_build
+from serve.server import StartupError, build_child
 
 
 def run_cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
@@ -86,22 +86,32 @@ def _stub_project(tmp_path: Path, script: str) -> Path:
     return project
 
 
-def test_missing_site_is_built_first(tmp_path: Path) -> None:
+def test_missing_site_is_built_first_and_served_from_its_first_page(tmp_path: Path) -> None:
     project = _stub_project(
         tmp_path,
-        "import pathlib\nsite = pathlib.Path('public')\nsite.mkdir()\n"
-        "(site / 'index.html').write_text('x')\n",
+        "import pathlib, sys, time\nsite = pathlib.Path('public')\nsite.mkdir()\n"
+        "pathlib.Path('argv').write_text(' '.join(sys.argv[1:]))\n"
+        "(site / '.building').write_text('')\n(site / 'index.html').write_text('x')\n"
+        "time.sleep(600)\n",
     )
-    ensure_site(project / "public", project)
-    assert (project / "public" / "index.html").read_text() == "x"
+    public = project / "public"
+    assert ensure_site(public, project) is True
+    with build_child(project, public, first=True, watch=False, extra=["--jobs=1"]):
+        # served as soon as the first page is there, while the build goes on
+        assert (public / "index.html").read_text() == "x"
+        assert (project / "argv").read_text() == "--building-page --jobs=1"
+        assert ensure_site(public, project) is True  # a building page is not a site yet
+    (public / ".building").unlink()
+    assert ensure_site(public, project) is False
 
 
-def test_failed_build_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_build_that_publishes_nothing_is_a_clear_error(tmp_path: Path) -> None:
     project = _stub_project(tmp_path, "import sys\nsys.exit(3)\n")
     with pytest.raises(
-        StartupError, match=r"build\.py failed with exit status 3; nothing to serve"
+        StartupError, match=r"build\.py exited with status 3 before publishing a page"
     ):
-        ensure_site(project / "public", project)
+        with build_child(project, project / "public", first=True, watch=False):
+            pass
 
 
 def test_explicit_root_is_never_built(tmp_path: Path) -> None:
@@ -115,7 +125,7 @@ def test_watch_runs_build_watch_and_stops_it(tmp_path: Path) -> None:
         "import sys, time, pathlib\npathlib.Path('argv').write_text(' '.join(sys.argv[1:]))\n"
         "time.sleep(600)\n",
     )
-    with watching_build(project, enabled=True):
+    with build_child(project, project / "public", first=False, watch=True):
         deadline = time.monotonic() + 20
         while not (project / "argv").exists() and time.monotonic() < deadline:
             time.sleep(0.05)

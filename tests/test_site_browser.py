@@ -68,3 +68,29 @@ def test_index_and_a_gate_page_load_cleanly_over_https(
         assert "coverage" in title.lower() or "k3" in title.lower(), title
     else:
         assert census["gates"][0]["id"] in title, title
+
+
+def test_the_kda_page_lays_its_equations_out_as_mathml(
+    server: Server, browser: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue 18, acceptance 2: Chromium typesets the build-time MathML, with no script."""
+    base = f"https://localhost:{server.port}"
+    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+    rec = Recorder(base)
+    rec.attach(context)
+    page = context.new_page()
+    page.goto(base + "/innovations/kda/", wait_until="load")
+    equation = page.locator("math[display=block]").first
+    shot = tmp_path_factory.mktemp("math-screenshots") / "kda-equation.png"
+    equation.screenshot(path=str(shot))
+    print(f"\nscreenshot of the KDA recurrence: {shot}")
+    # S_{t-1}: laid out as MathML, the subscript sits lower and is set smaller than its base
+    sub = equation.locator("msub").filter(has_text="S").last
+    base_box = sub.locator(":scope > mi").first.bounding_box()
+    script_box = sub.locator(":scope > :nth-child(2)").bounding_box()
+    problems = rec.problems()
+    context.close()
+    assert base_box and script_box
+    assert script_box["y"] + script_box["height"] > base_box["y"] + base_box["height"]
+    assert script_box["height"] < base_box["height"]
+    assert not problems, "\n".join(problems)
