@@ -107,11 +107,11 @@ def test_missing_site_is_built_first_and_served_from_its_first_page(tmp_path: Pa
 
 def test_a_build_that_publishes_nothing_is_a_clear_error(tmp_path: Path) -> None:
     project = _stub_project(tmp_path, "import sys\nsys.exit(3)\n")
-    with pytest.raises(
+    failed = pytest.raises(
         StartupError, match=r"build\.py exited with status 3 before publishing a page"
-    ):
-        with build_child(project, project / "public", first=True, watch=False):
-            pass
+    )
+    with failed, build_child(project, project / "public", first=True, watch=False):
+        pass
 
 
 def test_explicit_root_is_never_built(tmp_path: Path) -> None:
