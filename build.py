@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 from latex2mathml.converter import convert as latex_to_mathml
 from markdown_it import MarkdownIt
 from mdit_py_plugins.dollarmath import dollarmath_plugin
@@ -243,7 +244,7 @@ def build(s: Settings) -> int:
         census = build_census(results, content, compiled)  # 5. the census
         staged, pages = render_site(s, content, census)  # 6. render into a staging folder
         laps.mark("render")
-        write_gzip_sidecars(staged)
+        write_gzip_sidecars(staged, s.out)
         laps.mark("compress")
         if building:
             building.stop()
@@ -1126,8 +1127,9 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
             my_gates=mine,
             level_history=levels,
         )
+    sources: dict[Any, Any] = {}
     for g in census["gates"]:
-        page(f"/gates/{g['id']}/", "gate.html", gate=g, sources=_kernel_sources(g))
+        page(f"/gates/{g['id']}/", "gate.html", gate=g, sources=_kernel_sources(g, sources))
     for pg in content.pages:
         page(pg.meta["url"], pg.meta["template"], origin=pg.path, page=pg)
     found = [g for g in census["gates"] if g["innovation"] is None]
@@ -1141,21 +1143,38 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
     return len(pages)
 
 
-def _kernel_sources(g: dict[str, Any]) -> list[dict[str, Any]]:
+def _kernel_sources(g: dict[str, Any], cache: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kernel modules a gate page shows, with their imports; `cache` spans one render, since
+    44 gates share a handful of modules and each lookup parses the source."""
     out = []
     seen: set[str] = set()  # kernels sharing a dependency (fx) list it once; line ids stay unique
     for modname in g.get("kernels") or []:
-        try:
-            deps = kcompile.dependencies(modname)
-        except kcompile.CompileError:
-            continue
-        for name, path in deps.items():
+        if modname not in cache:
+            try:
+                cache[modname] = kcompile.dependencies(modname)
+            except kcompile.CompileError:
+                cache[modname] = {}
+        for name, path in cache[modname].items():
             if name in seen:
                 continue
             seen.add(name)
-            lines = path.read_text(encoding="utf-8").splitlines()
-            out.append({"module": name, "path": _rel(str(path)), "lines": lines})
+            if path not in cache:
+                cache[path] = _numbered_source(name, path)
+            out.append({"module": name, "path": _rel(str(path)), "html": cache[path]})
     return out
+
+
+def _numbered_source(modname: str, path: Path) -> markupsafe.Markup:
+    """A module's lines, each with an anchor `<module>-L<n>`: built once per module, not per
+    gate page that shows it (a template loop over every line was most of the render time)."""
+    anchor = modname.replace(".", "-")  # a module name: letters, digits, _ and -, no escaping
+    lines = markupsafe.escape(path.read_text(encoding="utf-8")).splitlines()
+    return markupsafe.Markup(
+        "".join(
+            f'<span class="ln" id="{anchor}-L{n}">{n:4d}</span> {line}\n'
+            for n, line in enumerate(lines, 1)
+        )
+    )
 
 
 def copy_assets(src: Path, dst: Path) -> dict[str, str]:
@@ -1173,11 +1192,27 @@ def copy_assets(src: Path, dst: Path) -> dict[str, str]:
     return urls
 
 
-def write_gzip_sidecars(stage: Path) -> None:
-    """`x.gz` beside each compressible `x`, so the server never compresses on the request path."""
-    for f in list(stage.rglob("*")):
-        if f.is_file() and f.suffix in COMPRESSIBLE:
-            Path(f"{f}.gz").write_bytes(gzip.compress(f.read_bytes(), compresslevel=9, mtime=0))
+def write_gzip_sidecars(stage: Path, previous: Path) -> None:
+    """`x.gz` beside each compressible `x`, so the server never compresses on the request path.
+
+    A file whose bytes equal the published build's copy takes that build's sidecar: level 9
+    costs more than the rest of a no-change rebuild's render.
+    """
+    old = previous.resolve() if previous.is_symlink() else None
+
+    def one(f: Path) -> None:
+        data = f.read_bytes()
+        if old is not None:
+            before = old / f.relative_to(stage)
+            sidecar = Path(f"{before}.gz")
+            if sidecar.is_file() and before.is_file() and before.read_bytes() == data:
+                shutil.copyfile(sidecar, f"{f}.gz")
+                return
+        Path(f"{f}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+
+    files = [f for f in stage.rglob("*") if f.is_file() and f.suffix in COMPRESSIBLE]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # zlib frees the GIL
+        list(pool.map(one, files))
 
 
 # -- 7. publish ----------------------------------------------------------------------------------

@@ -3,11 +3,13 @@
     python bench/bench_build.py
 
 Each row is a full `python build.py` in a throwaway copy with its own empty cache, timed from
-the outside, and shown as a ratio against the cold build. The last row is the render step alone
-per page, read from the build's own `time:` line. Prints; asserts nothing.
+the outside, and shown as a ratio against the cold build. Then the render step alone per page and
+the cold build's compile and gate phases (the build's own `time:` line), and each module's
+compile time from its `compile:` lines (issue 18, item 6). Prints; asserts nothing.
 
 For scale (issue 5): Hugo publishes about 1 ms per page and measures 0.8-1.3 ms per page on this
-kind of machine. The aims here: a no-change rebuild of at most 1 s, a render of at most 2 ms/page.
+kind of machine. The aims (issue 18): a no-change rebuild of at most 1 s, a render of at most
+5 ms/page.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from k3gates.compile import cpu_model  # noqa: E402
+
 COPY = ("build.py", "k3gates", "site_src", "templates")
 
 
@@ -71,6 +76,17 @@ def main() -> None:
             f"{per_page[0] / 1000 / cold:>8.5f}x   {per_page[0]:.2f} ms/page"
         )
     print(f"\nno-change rebuild is {cold / rows[1][1]:.0f}x faster than the cold build")
+    cold_out = rows[0][2]
+    laps = dict(re.findall(r"(\w+) ([\d.]+) s", cold_out.split("time: ", 1)[-1].split("\n")[0]))
+    print(
+        f"cold build: compile {float(laps.get('compile', 0)):.1f} s, "
+        f"gates {float(laps.get('gates', 0)):.1f} s, render {float(laps.get('render', 0)):.2f} s"
+    )
+    modules = re.findall(r"compile: (\S+) compiled in ([\d.]+) s", cold_out)
+    print(f"\neach module's compile on the cold build ({len(modules)}, two at a time):")
+    for name, seconds in sorted(modules, key=lambda m: -float(m[1])):
+        print(f"  {name:<32} {float(seconds):>7.1f} s")
+    print(f"\nCPU: {cpu_model()}")
 
 
 if __name__ == "__main__":

@@ -88,8 +88,15 @@ def source_path(modname: str) -> Path:
     raise CompileError(f"{modname}: no source file {rel} on sys.path")
 
 
-def _relative_imports(modname: str, path: Path) -> list[str]:
+def _relative_imports(modname: str, path: Path) -> tuple[str, ...]:
     """Kernel modules imported with `from ..x.kernels import f` (Pythran compiles those in)."""
+    st = path.stat()
+    return _relative_imports_of(modname, path, st.st_mtime_ns, st.st_size)
+
+
+# Parsed once per file version: a build asks for every gate's dependencies several times.
+@functools.lru_cache(maxsize=512)
+def _relative_imports_of(modname: str, path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except SyntaxError as e:
@@ -100,7 +107,7 @@ def _relative_imports(modname: str, path: Path) -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.level > 0:
             base = package[: len(package) - (node.level - 1)]
             found.append(".".join(base + ([node.module] if node.module else [])))
-    return found
+    return tuple(found)
 
 
 def dependencies(modname: str) -> dict[str, Path]:
