@@ -137,6 +137,73 @@ def _fits32(x):
     return np.uint64(x + (1 << 31)) >> np.uint64(32)
 
 
+def _recurrent_head(qs, keys, v, alpha, beta, S, o, stats, st, u, w, h):
+    """kda_recurrent's work for head h, in place: S[h], o[:, h] and stats[h] (st, u and w are
+    its scratch). A helper that receives the arrays it writes, so the caller fixes their types:
+    inline, Pythran combined the element types of every array written and read in the loop, and
+    g++ spent 200 s instantiating them. (`keys`, not `k`: Pythran 0.19 types a helper parameter
+    named k as a scalar.)"""
+    t_len, d_v = v.shape[0], v.shape[2]
+    d_k = keys.shape[2]
+    for i in range(d_k):
+        for j in range(d_v):
+            st[i * d_v + j] = S[h, i, j]
+    sat = 0
+    w_max = 0
+    for t in range(t_len):
+        for j in range(d_v):
+            u[j] = 0
+        # S' = Diag(alpha_t) S_{t-1};  u = S'^T k_t
+        for i in range(d_k):
+            a = np.int64(alpha[t, h, i])
+            ki = np.int64(keys[t, h, i])
+            base = i * d_v
+            for j in range(d_v):
+                s = _round32(a * np.int64(st[base + j]), A_FRAC)
+                st[base + j] = s
+                u[j] += ki * np.int64(s)
+        # w = beta_t (v_t - u)
+        b = np.int64(beta[t, h])
+        for j in range(d_v):
+            x = rshift_round(b * (np.int64(v[t, h, j]) - rshift_round(u[j], QK_FRAC)), A_FRAC)
+            y = min(max(x, -DATA_MAX), DATA_MAX)
+            sat += x != y
+            w_max = max(w_max, abs(y))
+            w[j] = y
+            u[j] = 0
+        # S_t = S' + k_t w^T;  u = S_t^T (scale q_t)
+        for i in range(d_k):
+            ki = np.int64(keys[t, h, i])
+            qi = np.int64(qs[t, h, i])
+            base = i * d_v
+            overflow = np.uint64(0)
+            for j in range(d_v):
+                x = np.int64(st[base + j]) + np.int64(_round32(ki * w[j], QK_FRAC))
+                overflow |= _fits32(x)
+                y = np.int32(x)
+                st[base + j] = y
+                u[j] += qi * np.int64(y)
+            if overflow != np.uint64(0):  # undo the wrapped row and redo it saturating
+                for j in range(d_v):
+                    wrapped = np.int64(st[base + j])
+                    add = np.int64(_round32(ki * w[j], QK_FRAC))
+                    x = np.int64(np.int32(wrapped - add)) + add  # S' fits int32: S' + add
+                    y = min(max(x, -DATA_MAX), DATA_MAX)
+                    sat += x != y
+                    st[base + j] = y
+                    u[j] += qi * (y - wrapped)
+        for j in range(d_v):
+            o[t, h, j] = min(max(rshift_round(u[j], QK_FRAC), -DATA_MAX), DATA_MAX)
+    s_max = 0
+    for i in range(d_k):
+        for j in range(d_v):
+            S[h, i, j] = st[i * d_v + j]
+            s_max = max(s_max, abs(np.int64(st[i * d_v + j])))
+    stats[h, 0] = sat
+    stats[h, 1] = s_max
+    stats[h, 2] = w_max
+
+
 # pythran export kda_recurrent(int32[:,:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C), int32[:,:,:] order(C), int32[:,:] order(C), int32[:,:,:] order(C))
 def kda_recurrent(qs, k, v, alpha, beta, s0):
     """The recurrent form over T tokens and H heads: (o int32 [T, H, d_v], S int32 [H, d_k, d_v],
@@ -159,65 +226,9 @@ def kda_recurrent(qs, k, v, alpha, beta, s0):
     # omp parallel for
     for h in range(n_h):
         st = np.zeros(d_k * d_v, dtype=np.int32)  # S[h], Q.20
-        for i in range(d_k):
-            for j in range(d_v):
-                st[i * d_v + j] = S[h, i, j]
         u = np.zeros(d_v, dtype=np.int64)  # S'^T k_t, then S_t^T q_t: Q.44
         w = np.zeros(d_v, dtype=np.int64)  # Q.20
-        sat = 0
-        w_max = 0
-        for t in range(t_len):
-            for j in range(d_v):
-                u[j] = 0
-            # S' = Diag(alpha_t) S_{t-1};  u = S'^T k_t
-            for i in range(d_k):
-                a = np.int64(alpha[t, h, i])
-                ki = np.int64(k[t, h, i])
-                base = i * d_v
-                for j in range(d_v):
-                    s = _round32(a * np.int64(st[base + j]), A_FRAC)
-                    st[base + j] = s
-                    u[j] += ki * np.int64(s)
-            # w = beta_t (v_t - u)
-            b = np.int64(beta[t, h])
-            for j in range(d_v):
-                x = rshift_round(b * (np.int64(v[t, h, j]) - rshift_round(u[j], QK_FRAC)), A_FRAC)
-                y = min(max(x, -DATA_MAX), DATA_MAX)
-                sat += x != y
-                w_max = max(w_max, abs(y))
-                w[j] = y
-                u[j] = 0
-            # S_t = S' + k_t w^T;  u = S_t^T (scale q_t)
-            for i in range(d_k):
-                ki = np.int64(k[t, h, i])
-                qi = np.int64(qs[t, h, i])
-                base = i * d_v
-                overflow = np.uint64(0)
-                for j in range(d_v):
-                    x = np.int64(st[base + j]) + np.int64(_round32(ki * w[j], QK_FRAC))
-                    overflow |= _fits32(x)
-                    y = np.int32(x)
-                    st[base + j] = y
-                    u[j] += qi * np.int64(y)
-                if overflow != np.uint64(0):  # undo the wrapped row and redo it saturating
-                    for j in range(d_v):
-                        wrapped = np.int64(st[base + j])
-                        add = np.int64(_round32(ki * w[j], QK_FRAC))
-                        x = np.int64(np.int32(wrapped - add)) + add  # S' fits int32: S' + add
-                        y = min(max(x, -DATA_MAX), DATA_MAX)
-                        sat += x != y
-                        st[base + j] = y
-                        u[j] += qi * (y - wrapped)
-            for j in range(d_v):
-                o[t, h, j] = min(max(rshift_round(u[j], QK_FRAC), -DATA_MAX), DATA_MAX)
-        s_max = 0
-        for i in range(d_k):
-            for j in range(d_v):
-                S[h, i, j] = st[i * d_v + j]
-                s_max = max(s_max, abs(np.int64(st[i * d_v + j])))
-        stats[h, 0] = sat
-        stats[h, 1] = s_max
-        stats[h, 2] = w_max
+        _recurrent_head(qs, k, v, alpha, beta, S, o, stats, st, u, w, h)
     total = np.zeros(3, dtype=np.int64)
     for h in range(n_h):
         total[0] += stats[h, 0]
