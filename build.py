@@ -253,7 +253,7 @@ def build(s: Settings) -> int:
     except BuildError as e:
         progress.close()
         print(f"build failed: {e}", file=sys.stderr)
-        if building:
+        if building and building.enabled:
             building.fail(str(e))
             print(f"{s.out} shows the failure.", file=sys.stderr)
         else:

@@ -22,20 +22,16 @@ from conftest import ROOT
 from serve_support import READY, Server, get
 
 SLOW_GATES = ROOT / "tests" / "fixtures" / "slow_gates"
-COPY = ("build.py", "serve", "k3gates", "site_src", "templates")
+FOLDERS = ("serve", "k3gates", "site_src", "templates")  # and build.py
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A project checkout without public/, as a fresh clone has."""
     copy = tmp_path / "project"
-    copy.mkdir()
-    for name in COPY:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(src, copy / name)
+    for name in FOLDERS:
+        shutil.copytree(ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "build.py", copy)
     assert not (copy / "public").exists()
     return copy
 
