@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gzip
 import hashlib
 import json
@@ -343,6 +344,7 @@ class MathError(ValueError):
     """LaTeX that would not come out as the equation written; the message says what is wrong."""
 
 
+@functools.cache  # render_markdown checks each equation, then renders it
 def mathml(latex: str, display: bool) -> str:
     """`$…$` or `$$…$$` as MathML, made at build time: no script on the page, the CSP holds."""
     depth = 0

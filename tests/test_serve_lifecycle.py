@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import build_module
 from serve_support import (
     BIG_SIZE,
     REPO,
@@ -28,7 +29,7 @@ from serve_support import (
 )
 
 from serve.__main__ import ensure_site
-from serve.server import StartupError, build_child
+from serve.server import BUILDING_MARK, StartupError, build_child
 
 
 def run_cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
@@ -314,3 +315,8 @@ def test_workers_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
     while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers), "orphaned workers kept serving"
+
+
+def test_serve_and_build_agree_on_the_building_mark() -> None:
+    # two processes share this name: build.py writes it, serve reads it
+    assert build_module().BUILDING_MARK == BUILDING_MARK
