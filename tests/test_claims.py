@@ -108,6 +108,11 @@ def test_each_fact_links_to_its_check_row_on_the_gate_page(built_site: BuildRun)
 
 # -- (b) acceptance 10: removing the check that backs a claim strikes the claim through ----------
 OVERWRITE = "kda_recurrent/overwrite_exact"
+# multimodal.md's front matter from [next] on, and the same without its [[facts]] tables: a
+# top-level `facts = ...` key can only be written where no [[facts]] table follows
+_MM = (ROOT / "site_src" / "innovations" / "multimodal.md").read_text(encoding="utf-8")
+MM_TAIL = _MM[_MM.index("[next]") : _MM.index("+++", 3)]
+MM_NEXT = MM_TAIL[: MM_TAIL.index("[[facts]]")]
 ABSORBED = "mla_forward/naive_equals_absorbed"
 
 
@@ -215,9 +220,10 @@ MALFORMED = [
     ("mxfp.md", 'check = "mxfp_decode/e8m0_scales"',
      'check = "mxfp_decode/e8m0_scales"\nchek = "mxfp_decode/e2m1_codes"', "chek =", 1,
      "fact 2: unknown field `chek`; a fact has only `text` and `check`"),
-    ("multimodal.md", "[next]", 'facts = "kda_recurrent/overwrite_exact"\n[next]', "facts =", 1,
+    ("multimodal.md", MM_TAIL, 'facts = "kda_recurrent/overwrite_exact"\n' + MM_NEXT, "facts =", 1,
      "`facts` must be an array of tables ([[facts]] with text and check), got str"),
-    ("multimodal.md", "[next]", 'facts = ["kda_recurrent/overwrite_exact"]\n[next]', "facts =", 1,
+    ("multimodal.md", MM_TAIL, 'facts = ["kda_recurrent/overwrite_exact"]\n' + MM_NEXT, "facts =",
+     1,
      "fact 1: must be a table with `text` and `check`, got str"),
 ]  # fmt: skip
 

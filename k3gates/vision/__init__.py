@@ -1,0 +1,116 @@
+"""MoonViT3d's input side (K3-SPEC.md section 9, per public ports): the library face. Float in,
+float out; integers in between (k3gates.vision.kernels states every format and bound).
+
+    y = patch_embed(pixels, w)           # uint8 [H, W, 3], w [D, 588] -> [H/14 W/14, D]
+    p = position_embedding(table, h, w)  # the 64 x 64 x D table resized to an h x w grid
+    e = time_embedding(frames, dim)      # [frames, dim] sin/cos, frames <= 4
+    r = rope2d(x, pos_x, pos_y)          # [N, 128]: half by the column, half by the row
+    n = vision_tokens(height, width, frames)
+
+Weights are quantised to Q.20 and tables to Q.16 (ties away from zero); the results are the
+kernels' exact fixed-point values. Bad input (wrong shape or dtype, NaN, out of range) raises
+ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import compile as _compile
+from ..fx import quantize, value
+from ..longctx.gate import turns_q62
+from ..longctx.kernels import X_FRAC
+from . import kernels as K
+from . import reference as ref
+
+KERNELS = "k3gates.vision.kernels"
+WEIGHT_MAX = 2.0**11  # |w| < 2048 keeps Q.20 in int32
+TABLE_MAX = 2.0**15  # |table| < 32768 keeps Q.16 in int32
+ROPE_MAX = 2.0**10  # |x| < 1024 keeps Q.20 within rope_rotate's 2^30
+
+
+def _kernels():
+    return _compile.load(KERNELS)
+
+
+def _real(a: object, name: str, limit: float, ndim: int) -> np.ndarray:
+    try:
+        v = np.asarray(a, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: expected an array of real numbers") from e
+    if v.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {v.shape}")
+    if not np.all(np.isfinite(v)) or (v.size and np.abs(v).max() >= limit):
+        raise ValueError(f"{name}: expected finite values below {limit:g} in magnitude")
+    return v
+
+
+def time_turns(dim: int) -> np.ndarray:
+    """The time embedding's frequencies 10000^(-i/(dim/2)) in Q0.62 turns per frame."""
+    return turns_q62(ref.time_frequencies(dim))
+
+
+def rope_turns(head: int = K.HEAD) -> np.ndarray:
+    """2D RoPE's frequencies per half head, 10000^(-2i/(head/2)), in Q0.62 turns per position."""
+    return turns_q62(ref.rope_frequencies(head))
+
+
+def patch_embed(pixels: object, w: object) -> np.ndarray:
+    """The 14 x 14 patch embedding of an image: [H/14 W/14, D] (Q.16 values)."""
+    px = np.asarray(pixels)
+    if px.dtype != np.uint8 or px.ndim != 3 or px.shape[2] != 3:
+        raise ValueError(f"pixels: expected uint8 [H, W, 3], got {px.dtype} {px.shape}")
+    if px.shape[0] % K.PATCH or px.shape[1] % K.PATCH or 0 in px.shape:
+        raise ValueError(f"pixels: H and W must be positive multiples of 14, got {px.shape[:2]}")
+    wv = _real(w, "w", WEIGHT_MAX, 2)
+    if wv.shape[1] != K.PATCH_VALUES:
+        raise ValueError(f"w: expected [D, {K.PATCH_VALUES}], got {wv.shape}")
+    wq = quantize(wv, K.W_FRAC).astype(np.int32)
+    return value(_kernels().patch_embed(np.ascontiguousarray(px), wq), K.ACT_FRAC)
+
+
+def position_embedding(table: object, h: int, w: int) -> np.ndarray:
+    """The learned 64 x 64 x D table resized bilinearly to an h x w patch grid: [h w, D]."""
+    t = _real(table, "table", TABLE_MAX, 3)
+    if t.shape[:2] != (K.TABLE, K.TABLE):
+        raise ValueError(f"table: expected [64, 64, D], got {t.shape}")
+    if not (1 <= h <= K.MAX_SIDE and 1 <= w <= K.MAX_SIDE):
+        raise ValueError(f"grid: expected 1 <= h, w <= {K.MAX_SIDE}, got {h} x {w}")
+    tq = np.ascontiguousarray(quantize(t, K.ACT_FRAC).astype(np.int32))
+    return value(_kernels().pos_resize(tq, int(h), int(w)), K.ACT_FRAC)
+
+
+def time_embedding(frames: int, dim: int) -> np.ndarray:
+    """The sin/cos time embedding of frames 0 .. frames-1 (at most 4, a chunk): [frames, dim]."""
+    if not 1 <= frames <= K.CHUNK or dim < 2 or dim % 2:
+        raise ValueError(f"expected 1 <= frames <= 4 and an even dim, got {frames}, {dim}")
+    return value(_kernels().time_embed(time_turns(dim), int(frames)), K.ACT_FRAC)
+
+
+def rope2d(x: object, pos_x: object, pos_y: object) -> np.ndarray:
+    """Rows [N, 128] turned by 2D RoPE to their patches' columns pos_x and rows pos_y."""
+    xv = _real(x, "x", ROPE_MAX, 2)
+    if xv.shape[1] != K.HEAD:
+        raise ValueError(f"x: expected [N, {K.HEAD}], got {xv.shape}")
+    pos = [np.asarray(p) for p in (pos_x, pos_y)]
+    for name, p in zip(("pos_x", "pos_y"), pos, strict=True):
+        if p.shape != (xv.shape[0],) or not np.issubdtype(p.dtype, np.integer):
+            raise ValueError(f"{name}: expected {xv.shape[0]} integer positions")
+        if p.size and (p.min() < 0 or p.max() >= K.MAX_SIDE):
+            raise ValueError(f"{name}: expected positions in 0 .. {K.MAX_SIDE - 1}")
+    xq = np.ascontiguousarray(quantize(xv, X_FRAC).astype(np.int32))
+    out, _sat = _kernels().rope2d(xq, *(p.astype(np.int64) for p in pos), rope_turns())
+    return value(out, X_FRAC)
+
+
+def vision_tokens(height: int, width: int, frames: int = 1) -> int:
+    """Language-model tokens for `frames` frames of height x width pixels: one per 28 x 28
+    pixels per chunk of up to 4 frames. Raises ValueError where the processor would resize."""
+    args = (np.array([v], dtype=np.int64) for v in (height, width, frames))
+    n = int(_kernels().vision_tokens_array(*args)[0])
+    if n < 0:
+        raise ValueError(
+            f"{height} x {width} pixels, {frames} frames: expected positive sizes and at most "
+            f"{K.MAX_SIDE} patches per side and {K.MAX_PATCHES} per frame (resize first)"
+        )
+    return n

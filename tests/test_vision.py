@@ -1,0 +1,80 @@
+"""The vision library face (k3gates.vision): float in, float out, the kernels' exact values, and
+a clear error for bad input. The gate (vision_input) holds the kernels to float64 at K3's width;
+these tests hold the face's conversions at small sizes."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from k3gates import vision as V
+from k3gates.vision import reference as ref
+
+RNG = np.random.default_rng(7)
+U8 = np.zeros((28, 28, 3), np.uint8)
+W = np.zeros((4, 588))
+
+
+def test_patch_embed_is_the_convolution_within_half_an_lsb():
+    pixels = RNG.integers(0, 256, (28, 42, 3), dtype=np.uint8)
+    w = RNG.normal(0, 0.05, (8, 588))
+    got = V.patch_embed(pixels, w)
+    wq = np.round(w * 2**20) / 2**20
+    assert got.shape == (6, 8)
+    assert np.abs(got - ref.patch_embed(pixels, wq)).max() <= 0.5 * 2**-16
+    # an all-zero embedding would be far outside that bound
+    assert np.abs(ref.patch_embed(pixels, wq)).max() > 100 * 2**-16
+
+
+def test_position_embedding_resizes_to_any_grid_and_keeps_its_own():
+    table = RNG.normal(0, 1, (64, 64, 3))
+    tq = np.round(table * 2**16) / 2**16
+    assert np.array_equal(V.position_embedding(table, 64, 64).reshape(64, 64, 3), tq)
+    for h, w in ((5, 7), (97, 130), (1, 1)):
+        got = V.position_embedding(table, h, w)
+        assert np.abs(got - ref.resize_bilinear(tq, h, w)).max() <= 513 / 1024 * 2**-16
+
+
+def test_time_embedding_and_rope2d_against_float64():
+    e = V.time_embedding(4, 16)
+    assert np.abs(e - ref.time_embed(4, 16)).max() <= 513 / 1024 * 2**-16
+    assert np.array_equal(e[0], np.r_[np.zeros(8), np.ones(8)])
+    x = RNG.normal(0, 1, (5, 128))
+    px, py = np.array([0, 3, 70, 511, 9]), np.array([0, 200, 1, 511, 9])
+    got = V.rope2d(x, px, py)
+    xq = np.round(x * 2**20) / 2**20
+    assert np.abs(got - ref.rope2d(xq, px, py)).max() <= 2 * 2**-20
+    assert np.array_equal(got[0], xq[0])  # column 0, row 0: no turn at all
+
+
+@pytest.mark.parametrize(
+    ("h", "w", "frames", "tokens"),
+    [(448, 448, 1, 256), (896, 896, 1, 1024), (1080, 1920, 1, 39 * 69), (448, 448, 5, 512),
+     (28, 28, 4, 1), (29, 28, 1, 2), (1, 1, 1, 1)],
+)  # fmt: skip
+def test_vision_tokens_is_one_token_per_28_pixels_per_chunk(h, w, frames, tokens):
+    assert V.vision_tokens(h, w, frames) == tokens
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: V.vision_tokens(7169, 14), "at most 512 patches per side"),
+        (lambda: V.vision_tokens(0, 14), "expected positive sizes"),
+        (lambda: V.patch_embed(np.zeros((28, 28, 3)), W), "pixels: expected uint8"),
+        (lambda: V.patch_embed(U8[:20], W), "multiples of 14"),
+        (lambda: V.patch_embed(U8, W[:, :5]), "w: expected [D, 588]"),
+        (lambda: V.patch_embed(U8, W + np.nan), "w: expected finite"),
+        (lambda: V.position_embedding(np.zeros((32, 32, 2)), 4, 4), "table: expected [64, 64, D]"),
+        (lambda: V.position_embedding(np.zeros((64, 64, 2)), 513, 4), "1 <= h, w <= 512"),
+        (lambda: V.time_embedding(5, 8), "frames <= 4"),
+        (lambda: V.rope2d(np.zeros((2, 64)), [0, 1], [0, 1]), "x: expected [N, 128]"),
+        (lambda: V.rope2d(np.zeros((2, 128)), [0, 512], [0, 1]), "pos_x: expected positions"),
+        (lambda: V.rope2d(np.zeros((2, 128)), [0.5, 1], [0, 1]), "pos_x: expected 2 integer"),
+    ],
+)  # fmt: skip
+def test_bad_input_gets_an_error_naming_the_argument(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
