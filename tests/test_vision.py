@@ -78,3 +78,50 @@ def test_vision_tokens_is_one_token_per_28_pixels_per_chunk(h, w, frames, tokens
 def test_bad_input_gets_an_error_naming_the_argument(call, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+# -- the block's kernels (k3gates.vision.kernels_block) and its stages (k3gates.vision.block) ----
+def _block_kernels():
+    from k3gates import compile as kcompile
+    from k3gates.vision import block as B
+
+    return B, B.Kernels(kcompile.load)
+
+
+def test_gelu_kernel_against_float64_and_its_limits():
+    _, k = _block_kernels()
+    x = np.concatenate([np.arange(-12 << 16, 12 << 16, 977), [0, 1, -1, 1 << 40, -(1 << 40)]])
+    got = k.block.gelu(x.reshape(1, -1))[0]
+    want = ref.gelu(x / 2**16) * 2**16
+    assert np.abs(got - want).max() <= 513 / 1024
+    assert got[-5] == 0 and got[-2] == 1 << 40 and got[-1] == 0  # GELU(0) = 0, x and 0 far out
+
+
+def test_merge_means_the_frames_of_each_chunk_and_pads_an_odd_grid():
+    _, k = _block_kernels()
+    x = RNG.integers(-(1 << 30), 1 << 30, (5 * 3 * 5, 6))  # 5 frames of a 3 x 5 grid
+    got = k.block.merge(x, 5, 4, 3, 5)  # chunks of 4 and 1 frames
+    assert got.shape == (2 * 2 * 3, 24)
+    assert np.abs(got - ref.merge(x.astype(np.float64), 5, 4, 3, 5)).max() <= 0.5
+    assert not got[3:6, 12:].any()  # the padded bottom row of the first chunk's grid is zero
+
+
+def test_packed_images_attend_only_to_themselves():
+    """Two packed images give each image's lone output bit for bit, and changing the second
+    image's tokens changes none of the first image's bits."""
+    B, k = _block_kernels()
+    rng = np.random.default_rng(3)
+    w = B.init_block(rng, width=256, heads=2, head_dim=128, mlp=512)
+    xa, xb = (np.round(rng.normal(0, 1, (n, 256)) * 2**16).astype(np.int64) for n in (12, 6))
+    pa, pb = B.grid_positions(3, 4), B.grid_positions(2, 3)
+    pos = [np.concatenate(p) for p in zip(pa, pb, strict=True)]
+    cu = np.array([0, 12, 18])
+    packed = B.forward(k, np.vstack([xa, xb]), pos, cu, w, heads=2)["x2"]
+    alone_a = B.forward(k, xa, pa, np.array([0, 12]), w, heads=2)["x2"]
+    alone_b = B.forward(k, xb, pb, np.array([0, 6]), w, heads=2)["x2"]
+    assert np.array_equal(packed, np.vstack([alone_a, alone_b]))
+    other = B.forward(k, np.vstack([xa, -xb]), pos, cu, w, heads=2)["x2"]
+    assert np.array_equal(other[:12], packed[:12]) and not np.array_equal(other[12:], packed[12:])
+    # one segment for all 18 tokens: the first image now sees the second, and its output moves
+    joined = B.forward(k, np.vstack([xa, xb]), pos, np.array([0, 18]), w, heads=2)["x2"]
+    assert not np.array_equal(joined[:12], packed[:12])

@@ -72,3 +72,38 @@ def rope2d(x: np.ndarray, pos_x: np.ndarray, pos_y: np.ndarray) -> np.ndarray:
     return np.concatenate(
         [_rotate(x[:, :half], pos_x, freq), _rotate(x[:, half:], pos_y, freq)], axis=1
     )
+
+
+# == the block, the merger and the projector: each stage on the integers it received ===========
+def rmsnorm(x: np.ndarray, g: np.ndarray, eps: float) -> np.ndarray:
+    """g x / sqrt(mean(x^2) + eps), row by row."""
+    return g * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """The tanh form: x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def scores(q: np.ndarray, keys: np.ndarray, head_dim: int) -> np.ndarray:
+    """q . k_j / sqrt(head_dim) for one query row against its segment's keys."""
+    return keys @ q / np.sqrt(head_dim)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def merge(x: np.ndarray, frames: int, chunk: int, gh: int, gw: int) -> np.ndarray:
+    """Mean over each chunk's frames, zero padding to even sides, 2 x 2 groups concatenated."""
+    d = x.shape[1]
+    grid = x.reshape(frames, gh, gw, d)
+    means = [grid[f : f + chunk].mean(axis=0) for f in range(0, frames, chunk)]
+    out = []
+    for m in means:
+        padded = np.zeros((gh + gh % 2, gw + gw % 2, d))
+        padded[:gh, :gw] = m
+        groups = padded.reshape(padded.shape[0] // 2, 2, padded.shape[1] // 2, 2, d)
+        out.append(groups.transpose(0, 2, 1, 3, 4).reshape(-1, 4 * d))
+    return np.concatenate(out)
