@@ -281,7 +281,7 @@ def _stage_bounds() -> dict[str, float]:
              "k3gates.gemm.kernels"],
     bounds=_stage_bounds(),
     timeout=300,
-    requires=["vision_input", "gemm_exact"],
+    requires=["vision_input"],
 )  # fmt: skip
 def vision_block(ctx: GateContext) -> None:
     """One MoonViT3d block at K3's width (1024, 12 heads of 128, MLP 4096, tanh-GELU, RMSNorm) on
