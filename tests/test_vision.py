@@ -125,3 +125,12 @@ def test_packed_images_attend_only_to_themselves():
     # one segment for all 18 tokens: the first image now sees the second, and its output moves
     joined = B.forward(k, np.vstack([xa, xb]), pos, np.array([0, 18]), w, heads=2)["x2"]
     assert not np.array_equal(joined[:12], packed[:12])
+
+
+def test_a_rope_input_outside_its_domain_stops_the_block_instead_of_wrapping():
+    """q beyond 2^26 raw (Q.16) is beyond rope_rotate's 2^30 in Q.20; the int32 cast would wrap
+    it silently, so the block raises before the cast."""
+    _, k = _block_kernels()
+    zero = np.zeros(2, dtype=np.int64)
+    with pytest.raises(OverflowError, match="outside rope_rotate's domain"):
+        k.rope(np.full((2, 256), 1 << 27, dtype=np.int64), zero, zero, 2)

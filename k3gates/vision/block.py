@@ -25,6 +25,7 @@ from . import rope_turns
 W_FRAC = 20  # weights and norm gains: Q.20
 ACT_FRAC = 16  # activations: Q.16
 ROPE_FRAC = 20  # q, k after RoPE: Q.20
+ROPE_X_MAX = 1 << 30  # rope_rotate's input domain (longctx.kernels)
 EPS_Q32 = 4295  # RMSNorm's eps 1e-6 in Q.32 (mean of squares of Q.16 values)
 EPS = EPS_Q32 / 2**32
 WIDTH, HEADS, HEAD_DIM, MLP = 1024, 12, 128, 4096
@@ -77,6 +78,7 @@ class Kernels:
         self.block = load("k3gates.vision.kernels_block")
         self.scale = int(self.fx.rsqrt_array(np.array([HEAD_DIM], np.int64), np.array([0]),
                                              np.array([62]))[0])  # fmt: skip
+        self._freq: dict[int, np.ndarray] = {}  # 2D RoPE's frequencies per head width
 
     def linear(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """x W^T with one rounding to Q.16 (exact inside gemm_i64's domain; outside is an error)."""
@@ -91,10 +93,15 @@ class Kernels:
     def rope(self, x: np.ndarray, pos_x: np.ndarray, pos_y: np.ndarray, heads: int) -> np.ndarray:
         """Q.16 [N, heads dh] -> 2D RoPE in Q.20, each head turned by its token's position."""
         n, width = x.shape
-        rows = (x << (ROPE_FRAC - ACT_FRAC)).reshape(n * heads, width // heads).astype(np.int32)
+        rows = (x << (ROPE_FRAC - ACT_FRAC)).reshape(n * heads, width // heads)
+        top = int(np.abs(rows).max(initial=0))
+        if top > ROPE_X_MAX:  # checked before the int32 cast, which would wrap silently
+            raise OverflowError(f"2D RoPE input |raw| {top} > 2^30, outside rope_rotate's domain")
+        if width // heads not in self._freq:
+            self._freq[width // heads] = rope_turns(width // heads)
         turned, sat = self.vision.rope2d(
-            np.ascontiguousarray(rows), np.repeat(pos_x, heads), np.repeat(pos_y, heads),
-            rope_turns(width // heads),
+            rows.astype(np.int32), np.repeat(pos_x, heads), np.repeat(pos_y, heads),
+            self._freq[width // heads],
         )  # fmt: skip
         if sat:
             raise OverflowError(f"2D RoPE saturated {sat} values")

@@ -375,13 +375,13 @@ def _stages(ctx: GateContext, k, run: str, s: dict, pos, cu: np.ndarray, w: dict
     hold("mlp_up", s["u"], linear(s["h2"], "w1"), Q16, "the MLP's first matrix, 1024 → 4096")
     hold("gelu", s["a"], ref.gelu(_real(s["u"], a)) * 2.0**a, Q16, "tanh-GELU")
     hold("mlp_down", s["mlp_out"], linear(s["a"], "w2"), Q16, "the MLP's second matrix 4096 → 1024")
-    limits = {"q_rope": 1 << 26, "k_rope": 1 << 26, "v": 1 << 30, "u": 1 << 42, "x2": 1 << 40}
+    limits = {"u": 1 << 42, "x2": 1 << 40}  # q, k, v and RoPE: forward raises outside them
     over = {n: int(np.abs(s[n]).max()) for n in limits if np.abs(s[n]).max() >= limits[n]}
     ctx.check(
         f"{run}_in_domain",
-        f"on {what}, every value stays inside the domain its kernel's bound is stated for (|q|, "
-        "|k| < 2^26 raw, |v| < 2^30, GELU's |u| < 2^42, the stream < 2^40; no product outside "
-        "gemm_i64's exact domain, no RoPE value saturated: either would have stopped the run)",
+        f"on {what}, GELU's input stays below 2^42 raw (where its bound is stated) and the "
+        "residual stream below 2^40; q, k, v, the RoPE input and every product stay inside "
+        "their kernels' domains too, since the block stops with an error outside them",
         not over,
         message=f"outside: {over}",
     )

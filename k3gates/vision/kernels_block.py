@@ -33,9 +33,10 @@ patch grid is padded with zero patches to even sides, and each 2 x 2 group (rows
 columns 2j, 2j + 1, read row-major) is concatenated into one token of 4 D values.
 
 Formats (int64 arithmetic): x, o and GELU values in Q.16, |raw| < 2^40; the attention's inputs
-are stored as int32 (so gcc multiplies them with 32 x 32 -> 64-bit vector products): q, k in Q.20
-with |raw| < 2^26, so q . k over 128 values stays below 2^59, and v in Q.16 with |raw| < 2^30, so
-sum_j P_j v_j stays below (2^31 + n) 2^30 < 2^62; z in Q.24; P in Q0.31.
+arrive as int32, half the memory of the packed batch (the caller checks their domain before the
+cast), and are widened per head for gemm_i64: q, k in Q.20 with |raw| < 2^26, so q . k over 128
+values stays below 2^59, and v in Q.16 with |raw| < 2^30, so sum_j P_j v_j stays below (2^31 +
+n) 2^30 < 2^62; z in Q.24; P in Q0.31.
 """
 
 import numpy as np
