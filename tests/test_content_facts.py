@@ -391,11 +391,12 @@ def test_lesson_pages_show_each_class_and_source(built_site: BuildRun):
 # -- 3. the multimodal page -----------------------------------------------------------------------
 def test_multimodal_page_is_per_public_ports_and_claims_only_one_block(built_site: BuildRun):
     """The tower's figures are per public ports; what the page claims as measured is the input
-    side and one block with the merger and the projector (HAVE), which the vision_input and
-    vision_block gates back in this build, with random weights and no training."""
+    side, one block with the merger and the projector, and their gradients (STRONG), which the
+    vision_input, vision_block and vision_backward gates back in this build, with random
+    weights and no training."""
     text = (INNOVATIONS / "multimodal.md").read_text(encoding="utf-8")
     meta = tomllib.loads(text.split("+++")[1])
-    assert meta["claim"] == "HAVE"
+    assert meta["claim"] == "STRONG"
     body = text.split("+++")[2]
     assert "not public" not in body
     assert "per public ports" in body
@@ -406,12 +407,13 @@ def test_multimodal_page_is_per_public_ports_and_claims_only_one_block(built_sit
     assert "Only one block runs, not the stack of 27, and nothing is trained." in body
     assert "seeded random values, not K3's" in body
     row = next(r for r in built_site.census["innovations"] if r["id"] == "multimodal")
-    assert row["claim"] == row["level"] == "HAVE" and not row["killed"], row
+    assert row["claim"] == row["level"] == "STRONG" and not row["killed"], row
     gates = {g["id"]: g for g in built_site.census["gates"]}
     assert gates["vision_input"]["level"] == "PARTIAL" and gates["vision_block"]["level"] == "HAVE"
+    assert gates["vision_backward"]["level"] == "STRONG" and gates["vision_backward"]["passed"]
     html = (built_site.out / "innovations" / "multimodal" / "index.html").read_text()
     assert "per public ports" in html and "not public" not in html
-    assert "vision_input" in html and "vision_block" in html
+    assert all(g in html for g in ("vision_input", "vision_block", "vision_backward"))
 
 
 def test_calculator_inputs_carry_the_class_of_the_k3_figure_they_default_to(built_site):
