@@ -52,17 +52,23 @@ def test_time_embedding_and_rope2d_against_float64():
 @pytest.mark.parametrize(
     ("h", "w", "frames", "tokens"),
     [(448, 448, 1, 256), (896, 896, 1, 1024), (1080, 1920, 1, 39 * 69), (448, 448, 5, 512),
-     (28, 28, 4, 1), (29, 28, 1, 2), (1, 1, 1, 1)],
+     (28, 28, 4, 1), (29, 28, 1, 2), (1, 1, 1, 1), (100, 57, 1, 12), (30, 44, 3, 4),
+     (14, 14, 9, 3), (322, 210, 1, 96)],
 )  # fmt: skip
-def test_vision_tokens_is_one_token_per_28_pixels_per_chunk(h, w, frames, tokens):
-    assert V.vision_tokens(h, w, frames) == tokens
+def test_token_count_is_one_token_per_28_pixels_per_chunk_padded_up(h, w, frames, tokens):
+    """Sides that are not multiples of 28 are padded up (to 14 for the patches, to 2 patches for
+    the merge), never cropped: the formula ceil(F/4) ceil(ceil(H/14)/2) ceil(ceil(W/14)/2)."""
+    up = lambda a, b: -(-a // b)
+    assert (
+        V.token_count(h, w, frames) == tokens == up(frames, 4) * up(up(h, 14), 2) * up(up(w, 14), 2)
+    )
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: V.vision_tokens(7169, 14), "at most 512 patches per side"),
-        (lambda: V.vision_tokens(0, 14), "expected positive sizes"),
+        (lambda: V.token_count(7169, 14), "at most 512 patches per side"),
+        (lambda: V.token_count(0, 14), "expected positive sizes"),
         (lambda: V.patch_embed(np.zeros((28, 28, 3)), W), "pixels: expected uint8"),
         (lambda: V.patch_embed(U8[:20], W), "multiples of 14"),
         (lambda: V.patch_embed(U8, W[:, :5]), "w: expected [D, 588]"),
@@ -134,3 +140,67 @@ def test_a_rope_input_outside_its_domain_stops_the_block_instead_of_wrapping():
     zero = np.zeros(2, dtype=np.int64)
     with pytest.raises(OverflowError, match="outside rope_rotate's domain"):
         k.rope(np.full((2, 256), 1 << 27, dtype=np.int64), zero, zero, 2)
+
+
+# -- the encoder face: pixels in, merged tokens in the text model's width out ---------------------
+def _encoder_weights(rng: np.random.Generator, d: int = 128, text: int = 64) -> dict:
+    from k3gates.vision import block as B
+
+    blocks = [{n: v / 2**20 for n, v in B.init_block(rng, d, 1, 128, 2 * d).items()}
+              for _ in range(2)]  # fmt: skip
+    proj = {n: v / 2**20 for n, v in B.init_projector(rng, 4 * d, text).items()}
+    return {"patch": np.round(rng.normal(0, 0.05, (d, 588)) * 2**20) / 2**20,
+            "table": np.round(rng.normal(0, 0.5, (64, 64, d)) * 2**16) / 2**16,
+            "blocks": blocks, "projector": proj}  # fmt: skip
+
+
+def _encode_float(pixels: np.ndarray, wts: dict) -> np.ndarray:
+    """The same encoder in float64, written here: pad with 128 to multiples of 14, embed, add
+    the resized table (and each frame's time embedding for a clip), the blocks with attention
+    inside each chunk of 4 frames, the merger and the projector."""
+    from k3gates.visiongrad import reference as rg
+
+    clip = pixels if pixels.ndim == 4 else pixels[None]
+    f, h, w = clip.shape[:3]
+    gh, gw = -(-h // 14), -(-w // 14)
+    padded = np.full((f, gh * 14, gw * 14, 3), 128.0)
+    padded[:, :h, :w] = clip
+    d = wts["patch"].shape[0]
+    pos = ref.resize_bilinear(wts["table"], gh, gw)
+    t = ref.time_embed(min(f, 4), d) if f > 1 else np.zeros((4, d))
+    x = np.vstack([ref.patch_embed(padded[i].astype(np.uint8), wts["patch"]) + pos + t[i % 4]
+                   for i in range(f)])  # fmt: skip
+    cols, rows = np.indices((gh, gw))[::-1]
+    px, py = np.tile(cols.ravel(), f), np.tile(rows.ravel(), f)
+    cu = np.append(np.arange(0, f, 4), f) * gh * gw
+    for blk in wts["blocks"]:
+        x = rg.block_forward(x, px, py, cu, blk, blk["wq"].shape[0] // 128)["x2"]
+    return rg.projector_forward(ref.merge(x, f, 4, gh, gw), wts["projector"])["out"]
+
+
+@pytest.mark.parametrize("shape", [(30, 44, 3), (4, 28, 42, 3)])
+def test_encode_is_the_float64_encoder_within_a_thousandth(shape):
+    """An odd-sized image (padded up) and a 4-frame clip at width 128 with two blocks: the
+    integer encoder within 1e-3 of float64 (relative to its largest output)."""
+    rng = np.random.default_rng(11)
+    wts = _encoder_weights(rng)
+    pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+    got = V.encode(pixels, wts)
+    want = _encode_float(pixels, wts)
+    assert got.shape == want.shape == (V.token_count(*shape[-3:-1], 1 if len(shape) == 3
+                                                      else shape[0]), 64)  # fmt: skip
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    assert np.abs(want).max() > 0.5  # the outputs are RMS-normed: zero would fail
+
+
+def test_encode_refuses_bad_input_naming_it():
+    wts = _encoder_weights(np.random.default_rng(1))
+    with pytest.raises(ValueError, match=re.escape("pixels: expected uint8")):
+        V.encode(np.zeros((28, 28, 3)), wts)
+    with pytest.raises(ValueError, match=re.escape("weights['patch']: expected [D, 588]")):
+        V.encode(U8, wts | {"patch": np.zeros((100, 588))})
+    bad = [dict(wts["blocks"][0], w1=np.zeros((3, 3)))]
+    with pytest.raises(ValueError, match=re.escape("weights['blocks'][0]['w1']: expected")):
+        V.encode(U8, wts | {"blocks": bad})
+    with pytest.raises(ValueError, match=re.escape("weights['projector']: expected a dict")):
+        V.encode(U8, wts | {"projector": None})

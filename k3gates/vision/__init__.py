@@ -1,11 +1,12 @@
-"""MoonViT3d's input side (K3-SPEC.md section 9, per public ports): the library face. Float in,
+"""MoonViT3d (K3-SPEC.md section 9, per public ports): the library face. Float in,
 float out; integers in between (k3gates.vision.kernels states every format and bound).
 
     y = patch_embed(pixels, w)           # uint8 [H, W, 3], w [D, 588] -> [H/14 W/14, D]
     p = position_embedding(table, h, w)  # the 64 x 64 x D table resized to an h x w grid
     e = time_embedding(frames, dim)      # [frames, dim] sin/cos, frames <= 4
     r = rope2d(x, pos_x, pos_y)          # [N, 128]: half by the column, half by the row
-    n = vision_tokens(height, width, frames)
+    n = token_count(height, width, frames)
+    t = encode(pixels, weights)          # an image or a clip -> merged tokens in the text width
 
 Weights are quantised to Q.20 and tables to Q.16 (ties away from zero); the results are the
 kernels' exact fixed-point values. Bad input (wrong shape or dtype, NaN, out of range) raises
@@ -103,9 +104,10 @@ def rope2d(x: object, pos_x: object, pos_y: object) -> np.ndarray:
     return value(out, X_FRAC)
 
 
-def vision_tokens(height: int, width: int, frames: int = 1) -> int:
+def token_count(height: int, width: int, frames: int = 1) -> int:
     """Language-model tokens for `frames` frames of height x width pixels: one per 28 x 28
-    pixels per chunk of up to 4 frames. Raises ValueError where the processor would resize."""
+    pixels per chunk of up to 4 frames, a side that is not a multiple of 14 padded up (as
+    `encode` pads it). Raises ValueError where the processor would resize."""
     args = (np.array([v], dtype=np.int64) for v in (height, width, frames))
     n = int(_kernels().vision_tokens_array(*args)[0])
     if n < 0:
@@ -114,3 +116,82 @@ def vision_tokens(height: int, width: int, frames: int = 1) -> int:
             f"{K.MAX_SIDE} patches per side and {K.MAX_PATCHES} per frame (resize first)"
         )
     return n
+
+
+BLOCK_KEYS = ("g1", "wq", "wk", "wv", "wo", "g2", "w1", "w2")
+
+
+def encode(pixels: object, weights: dict) -> np.ndarray:
+    """An image [H, W, 3] or a clip [F, H, W, 3] of uint8 pixels -> its merged tokens in the text
+    model's width, [token_count(H, W, F), text width] (float64 of the integers' Q.16 values).
+
+    The tower in integers: the 14 x 14 patch embedding (sides padded up to a multiple of 14 with
+    the value 128, which normalises to 0), the position table resized to the grid, for a clip
+    the time embedding of each frame's place in its chunk of 4, then every block (heads of 128;
+    K3: width 1024, q/k/v width 1536, 27 blocks), attention inside each image or chunk, the
+    temporal-pool merger and the projector. `weights` (float): "patch" [D, 588],
+    "table" [64, 64, D], "blocks" (a list of dicts g1, wq, wk, wv, wo, g2, w1, w2, shaped as
+    k3gates.vision.block.init_block makes them), "projector" (p1 [4D, 4D], p2 [T, 4D], gp [T])."""
+    from . import block as B  # block imports this package: loaded on first use
+
+    px = np.asarray(pixels)
+    if px.ndim == 3:
+        px = px[None]
+    if px.dtype != np.uint8 or px.ndim != 4 or px.shape[3] != 3:
+        raise ValueError(f"pixels: expected uint8 [H, W, 3] or [F, H, W, 3], got {px.dtype} "
+                         f"{np.shape(pixels)}")  # fmt: skip
+    frames, h, w = px.shape[:3]
+    token_count(h, w, frames)  # refuses what the processor would resize
+    gh, gw = -(-h // K.PATCH), -(-w // K.PATCH)
+    padded = np.full((frames, gh * K.PATCH, gw * K.PATCH, 3), 128, dtype=np.uint8)
+    padded[:, :h, :w] = px
+    patch = _real(weights.get("patch"), "weights['patch']", WEIGHT_MAX, 2)
+    d = patch.shape[0]
+    if patch.shape[1] != K.PATCH_VALUES or d % K.HEAD:
+        raise ValueError(f"weights['patch']: expected [D, 588] with D a multiple of 128, "
+                         f"got {patch.shape}")  # fmt: skip
+    table = _real(weights.get("table"), "weights['table']", TABLE_MAX, 3)
+    if table.shape != (K.TABLE, K.TABLE, d):
+        raise ValueError(f"weights['table']: expected [64, 64, {d}], got {table.shape}")
+    blocks = [_block_weights(b, i, d) for i, b in enumerate(weights.get("blocks", ()))]
+    proj = _projector_weights(weights.get("projector"), d)
+    k = B.Kernels(_compile.load)
+    wq = quantize(patch, K.W_FRAC).astype(np.int32)
+    pos = k.vision.pos_resize(np.ascontiguousarray(quantize(table, K.ACT_FRAC).astype(np.int32)),
+                              gh, gw)  # fmt: skip
+    t = k.vision.time_embed(time_turns(d), min(frames, K.CHUNK)) if frames > 1 else None
+    x = np.concatenate([k.vision.patch_embed(np.ascontiguousarray(padded[f]), wq) + pos
+                        + (0 if t is None else t[f % K.CHUNK]) for f in range(frames)])  # fmt: skip
+    cu = np.append(np.arange(0, frames, K.CHUNK), frames).astype(np.int64) * gh * gw
+    where = B.grid_positions(gh, gw, frames)
+    for blk in blocks:
+        x = B.forward(k, x, where, cu, blk, blk["wq"].shape[0] // K.HEAD)["x2"]
+    merged = k.block.merge(x, frames, K.CHUNK, gh, gw)
+    return value(B.project(k, merged, proj)["out"], K.ACT_FRAC)
+
+
+def _block_weights(b: object, i: int, d: int) -> dict[str, np.ndarray]:
+    if not isinstance(b, dict) or set(b) != set(BLOCK_KEYS):
+        raise ValueError(f"weights['blocks'][{i}]: expected a dict of {', '.join(BLOCK_KEYS)}")
+    out = {n: quantize(_real(b[n], f"weights['blocks'][{i}]['{n}']", WEIGHT_MAX, 1 if n[0] == "g"
+                             else 2), K.W_FRAC) for n in BLOCK_KEYS}  # fmt: skip
+    qkv, mlp = out["wq"].shape[0], out["w1"].shape[0]
+    want = {"g1": (d,), "wq": (qkv, d), "wk": (qkv, d), "wv": (qkv, d), "wo": (d, qkv),
+            "g2": (d,), "w1": (mlp, d), "w2": (d, mlp)}  # fmt: skip
+    for n, shape in want.items():
+        if out[n].shape != shape or qkv % K.HEAD:
+            raise ValueError(f"weights['blocks'][{i}]['{n}']: expected {shape} (q, k, v widths "
+                             f"a multiple of 128), got {out[n].shape}")  # fmt: skip
+    return out
+
+
+def _projector_weights(p: object, d: int) -> dict[str, np.ndarray]:
+    if not isinstance(p, dict) or set(p) != {"p1", "p2", "gp"}:
+        raise ValueError("weights['projector']: expected a dict of p1, p2, gp")
+    out = {n: quantize(_real(p[n], f"weights['projector']['{n}']", WEIGHT_MAX, 1 if n == "gp"
+                             else 2), K.W_FRAC) for n in ("p1", "p2", "gp")}  # fmt: skip
+    text = out["gp"].shape[0]
+    for n, shape in (("p1", (4 * d, 4 * d)), ("p2", (text, 4 * d))):
+        if out[n].shape != shape:
+            raise ValueError(f"weights['projector']['{n}']: expected {shape}, got {out[n].shape}")
+    return out

@@ -1,0 +1,245 @@
+"""MXFP4 quantisation-aware training as K3 does it, the training form (STRONG): one routed expert
+with MXFP4 (E2M1) weights and MXFP8 (E4M3) activations along the reduction axis, its forward as
+exact integer MX products, its straight-through backward, both scale rules, and the packed
+inference path at K3's expert size. Bounds come from k3gates/mxqat/kernels.py and
+k3gates/situ/kernels.py, declared before any run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from k3gates.fx.checks import check_compiled
+from k3gates.gate import GateContext, gate
+
+from ..situ import kernels as SK
+from ..situ import reference as situ_ref
+from . import expert as X
+from . import reference as ref
+
+SEED = 20261207
+HALF_LSB = 513 / 1024  # one rounding (1/2 LSB) with float64's own error as margin
+SITU_LSB = SK.SITU_MAX_ERR_LSB_Q10 / 1024
+SITU_GRAD_LSB = SK.SITU_GRAD_MAX_ERR_LSB_Q10 / 1024
+Q24 = "LSB (2^-24)"
+TOKENS, LATENT, HIDDEN = 256, 64, 128  # one expert at toy size: z [256, 64], w1, w3 [128, 64]
+# w1 at K3's size: expert width 3072 x latent 3584 (K3-SPEC.md, "K3 as released")
+K3_EXPERT = (3072, 3584)
+K3_TOKENS = 8
+RULES = {0: "ocp", 1: "round-up"}
+STAGES = ("g", "u", "situ", "y", "da", "dgdu", "dz", "dw1", "dw3", "dw2")
+
+
+def _bounds() -> dict[str, float]:
+    b = {}
+    for rule in RULES.values():
+        for s in STAGES:
+            b[f"{rule}_{s}"] = {"situ": SITU_LSB, "dgdu": SITU_GRAD_LSB}.get(s, HALF_LSB)
+    return b
+
+
+@gate(
+    "mxfp_qat",
+    innovation="mxfp",
+    level="STRONG",
+    kernels=["k3gates.mxqat.kernels", "k3gates.situ.kernels", "k3gates.mxfp.kernels",
+             "k3gates.gemm.kernels", "k3gates.fx.kernels"],
+    bounds=_bounds(),
+    timeout=300,
+    requires=["mxfp_quantize"],
+)  # fmt: skip
+def mxfp_qat(ctx: GateContext) -> None:
+    """A routed expert fake-quantised to MXFP4 weights and MXFP8 activations, its forward by exact
+    integer MX products and its straight-through backward, each stage within its declared bound
+    of float64 on the integers it received, under both scale rules (OCP v1.0 and round-up); the
+    packed MXFP4 weights, 4.25 bits each, give the fake-quantised forward bit for bit at K3's
+    expert size."""
+    k = X.Kernels(ctx.compiled)
+    rng = np.random.default_rng([SEED, 1])
+    w = {name: np.round(rng.normal(0, LATENT**-0.5 if name != "w2" else HIDDEN**-0.5, shape)
+                        * 2**X.W_FRAC).astype(np.int64)
+         for name, shape in (("w1", (HIDDEN, LATENT)), ("w3", (HIDDEN, LATENT)),
+                             ("w2", (LATENT, HIDDEN)))}  # fmt: skip
+    z = np.round(rng.normal(0, 1, (TOKENS, LATENT)) * 2**X.FRAC).astype(np.int64)
+    dy = np.round(rng.normal(0, 1, (TOKENS, LATENT)) * 2**X.FRAC).astype(np.int64)
+    effect = []
+    runs = {}
+    for rule, name in RULES.items():
+        s = X.forward(k, z, w, rule)
+        d = X.backward(k, s, dy)
+        runs[name] = s
+        _quantisers(ctx, name, s, w, z)
+        _stages(ctx, name, s, d, dy)
+        effect.append(_effect(name, s, w, z))
+    _rules(ctx, runs)
+    bits = _packed(ctx, k, rng)
+    _compiled(ctx, rng)
+    ctx.artifact(
+        "table:what each scale rule does to the expert (same weights and tokens)",
+        {"columns": ["scale rule", "weights saturated", "activations saturated",
+                     "RMS weight error (relative)", "RMS output error vs unquantised (relative)"],
+         "rows": effect},
+    )  # fmt: skip
+    ctx.evidence(
+        f"an expert with MXFP4 weights and MXFP8 activations: forward by exact integer MX "
+        f"products and straight-through backward, every stage within its bound of float64 under "
+        f"both scale rules; packed weights at K3's expert size ({K3_EXPERT[0]}×{K3_EXPERT[1]}) "
+        f"{bits:g} bits each, bit-identical to the fake-quantised forward"
+    )
+
+
+def _real(a: np.ndarray, frac: int = X.FRAC) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64) * 2.0**-frac
+
+
+def _quantisers(ctx: GateContext, rule: str, s: dict, w: dict, z: np.ndarray) -> None:
+    """Every quantised tensor's scales, codes and saturation mask equal the reference's."""
+    diffs = []
+    for name, x, frac, fmt in (("w1", w["w1"], X.W_FRAC, "e2m1"), ("w3", w["w3"], X.W_FRAC, "e2m1"),
+                               ("w2", w["w2"], X.W_FRAC, "e2m1"), ("z", z, X.FRAC, "e4m3"),
+                               ("a", s["a"], X.FRAC, "e4m3")):  # fmt: skip
+        scales, codes, sat, _ = ref.quantize(_real(x, frac), fmt, rule)
+        q = s[f"{name}_q"]
+        same = (np.array_equal(q["scales"], scales), np.array_equal(q["codes"], codes),
+                np.array_equal(q["sat"], sat))  # fmt: skip
+        if not all(same):
+            diffs.append(f"{name}: scales {same[0]}, codes {same[1]}, sat {same[2]}")
+    ctx.check(
+        f"{rule}_quantisers",
+        f"under the {rule} scale rule, the scales, element codes and saturation masks of the three "
+        "MXFP4 weights and the two MXFP8 activations equal the float64 reference's, bit for bit",
+        not diffs,
+        message="; ".join(diffs),
+        kind="deterministic",
+    )
+
+
+def _stages(ctx: GateContext, rule: str, s: dict, d: dict, dy: np.ndarray) -> None:
+    """Every stage against float64 on the integers it received."""
+
+    def hold(stage: str, got: np.ndarray, want: np.ndarray, about: str) -> None:
+        ctx.check_reference(f"{rule}_{stage}", f"{about} (scale rule: {rule}) is within the "
+                            "declared bound of float64 on the integers it received", got,
+                            want * 2.0**X.FRAC, unit=Q24)  # fmt: skip
+
+    def val(q: dict) -> np.ndarray:
+        return q["n"] * np.exp2(q["e"].astype(np.float64))
+
+    zq, w1, w3, w2, aq = (val(s[n]) for n in ("z_q", "w1_q", "w3_q", "w2_q", "a_q"))
+    hold("g", s["g"], zq @ w1.T, "g = Q8(z) Q4(W1)ᵀ, an exact integer MX product rounded once")
+    hold("u", s["u"], zq @ w3.T, "u = Q8(z) Q4(W3)ᵀ")
+    hold("situ", s["a"], situ_ref.situ_glu(_real(s["g"]), _real(s["u"])), "SiTU-GLU(g, u)")
+    hold("y", s["y"], aq @ w2.T, "y = Q8(a) Q4(W2)ᵀ")
+    keep_a, keep_z = ~s["a_q"]["sat"], ~s["z_q"]["sat"]
+    hold("da", d["da"], (_real(dy) @ w2) * keep_a,
+         "the straight-through da = dy Q4(W2), zero where a saturated")  # fmt: skip
+    dg, du = situ_ref.situ_glu_grad(_real(s["g"]), _real(s["u"]), _real(d["da"]))
+    hold("dgdu", np.hstack([d["dg"], d["du"]]), np.hstack([dg, du]), "SiTU-GLU's backward")
+    hold("dz", d["dz"], (_real(d["dg"]) @ w1 + _real(d["du"]) @ w3) * keep_z,
+         "dz = dg Q4(W1) + du Q4(W3), one rounding, zero where z saturated")  # fmt: skip
+    for name, grad, act in (("dw1", "dg", zq), ("dw3", "du", zq)):
+        hold(name, d[name], (_real(d[grad]).T @ act) * ~s[f"w{name[-1]}_q"]["sat"],
+             f"the master weight's straight-through d{name[1:].upper()} = {grad}ᵀ Q8(z), zero "
+             "where the weight saturated")  # fmt: skip
+    hold(
+        "dw2",
+        d["dw2"],
+        (_real(dy).T @ aq) * ~s["w2_q"]["sat"],
+        "the master weight's straight-through dW2 = dyᵀ Q8(a), zero where it saturated",
+    )
+
+
+def _rules(ctx: GateContext, runs: dict) -> None:
+    """The two rules' scales on the same tensors (the three weights and z; a depends on the
+    rule), block by block: round-up is OCP or one binade above it, never saturates, and differs
+    from OCP on the blocks whose largest value passes the format's max."""
+    ocp, up = runs["ocp"], runs["round-up"]
+    differ, sat_ocp, sat_up, ok = 0, 0, 0, True
+    for name in ("w1_q", "w3_q", "w2_q", "z_q"):
+        step = up[name]["scales"].astype(np.int64) - ocp[name]["scales"].astype(np.int64)
+        ok &= bool(np.isin(step, (0, 1)).all())
+        differ += int(np.sum(step == 1))
+        sat_ocp += int(ocp[name]["sat"].sum())
+        sat_up += int(up[name]["sat"].sum())
+    ctx.check(
+        "scale_rules",
+        "on the three weights and the tokens, round-up's scale is OCP's or one binade above it "
+        "on every block, never saturates an element, and the two rules differ here: OCP "
+        "saturates elements that round-up does not",
+        ok and sat_up == 0 and sat_ocp > 0 and differ > 0,
+        message=f"steps in {{0, 1}}: {ok}; blocks that differ {differ}; saturated OCP {sat_ocp}, "
+        f"round-up {sat_up}",
+        blocks_differ=differ,
+        saturated_ocp=sat_ocp,
+        saturated_round_up=sat_up,
+    )
+
+
+def _effect(rule: str, s: dict, w: dict, z: np.ndarray) -> list:
+    """What the rule costs: saturated counts and relative RMS errors against no quantisation."""
+    wq = np.hstack([(s[n]["n"] * np.exp2(s[n]["e"].astype(np.float64))).ravel()
+                    for n in ("w1_q", "w3_q", "w2_q")])  # fmt: skip
+    wr = np.hstack([_real(w[n], X.W_FRAC).ravel() for n in ("w1", "w3", "w2")])
+    zf = _real(z)
+    g, u = zf @ _real(w["w1"], X.W_FRAC).T, zf @ _real(w["w3"], X.W_FRAC).T
+    y = situ_ref.situ_glu(g, u) @ _real(w["w2"], X.W_FRAC).T
+    rms = np.sqrt(np.mean((_real(s["y"]) - y) ** 2)) / np.sqrt(np.mean(y**2))
+    sat_w = sum(int(s[n]["sat"].sum()) for n in ("w1_q", "w3_q", "w2_q"))
+    sat_a = sum(int(s[n]["sat"].sum()) for n in ("z_q", "a_q"))
+    err_w = np.sqrt(np.mean((wq - wr) ** 2)) / np.sqrt(np.mean(wr**2))
+    return [rule, sat_w, sat_a, f"{err_w:.4f}", f"{rms:.4f}"]
+
+
+def _packed(ctx: GateContext, k: X.Kernels, rng: np.random.Generator) -> float:
+    """One expert matrix at K3's size stored packed (two E2M1 codes per byte, one E8M0 byte per
+    32): the bytes per weight, and its product equal to the fake-quantised one, bit for bit."""
+    rows, kk = K3_EXPERT
+    w = np.round(rng.normal(0, kk**-0.5, (rows, kk)) * 2**X.W_FRAC).astype(np.int64)
+    a = np.round(rng.normal(0, 1, (K3_TOKENS, kk)) * 2**X.FRAC).astype(np.int64)
+    wq = k.quantize(w, X.W_FRAC, X.E2M1, 1)
+    aq = k.quantize(a, X.FRAC, X.E4M3, 1)
+    packed, scales = k.mx.pack_fp4_rows(wq["codes"]), wq["scales"]
+    bits = 8 * (packed.nbytes + scales.nbytes) / w.size
+    fake = k.matmul(aq, wq)
+    out, outside = k.mx.packed_matmul(aq["n"], aq["e"], packed, scales, X.FRAC)
+    ctx.check(
+        "packed_inference",
+        f"at K3's expert size ({rows}×{kk}) the weights stored packed take {bits:g} bits each "
+        f"(two E2M1 codes per byte and one E8M0 byte per 32: 4.25), and {K3_TOKENS} tokens "
+        "through the packed path, which decodes each nibble in its loop, give the fake-quantised "
+        "forward's output bit for bit",
+        bits == 4.25 and outside == 0 and np.array_equal(out, fake),
+        message=f"bits {bits}; outside {outside}; equal {np.array_equal(out, fake)}",
+        kind="deterministic",
+        bits_per_weight=bits,
+        bytes_packed=int(packed.nbytes),
+        bytes_scales=int(scales.nbytes),
+    )
+    return bits
+
+
+def _compiled(ctx: GateContext, rng: np.random.Generator) -> None:
+    mod = "k3gates.mxqat.kernels"
+    x = rng.integers(-(1 << 24), 1 << 24, (3, 64))
+    x[1, :32] = 0  # an all-zero block
+    x[2, 5] = 7 << 20  # a block whose amax passes E2M1's max under OCP
+    for rule in (0, 1):
+        check_compiled(ctx, f"compiled_quantize_{RULES[rule]}", "quantize_fx", x, 20, 0, rule,
+                       inputs="3 rows of 64 Q.20 values, an all-zero block and one over max",
+                       modname=mod)  # fmt: skip
+    check_compiled(ctx, "compiled_quantize_e4m3", "quantize_fx", x, 24, 3, 0,
+                   inputs="the same rows as Q.24 activations to E4M3", modname=mod)  # fmt: skip
+    a, ea = rng.integers(-(1 << 17), 1 << 17, (4, 64)), rng.integers(-20, -10, (4, 64))
+    b, eb = rng.integers(-12, 13, (5, 64)), rng.integers(-8, -2, (5, 64))
+    check_compiled(ctx, "compiled_dyadic_matmul", "dyadic_matmul", a, ea, b, eb, 24,
+                   inputs="4 x 5 outputs over 64 terms, mixed exponents", modname=mod)  # fmt: skip
+    codes = rng.integers(0, 16, (5, 64)).astype(np.uint8)
+    check_compiled(ctx, "compiled_pack", "pack_fp4_rows", codes, inputs="5 rows of 64 codes",
+                   modname=mod)  # fmt: skip
+    big_a, big_e = rng.integers(-(1 << 17), 1 << 17, (64, 256)), rng.integers(-20, -10, (64, 256))
+    big_b, big_f = rng.integers(-12, 13, (96, 256)), rng.integers(-8, -2, (96, 256))
+    ctx.check_threads(
+        "threads_dyadic_matmul",
+        "dyadic_matmul over 64 x 96 outputs of 256 terms gives the same bits with 1 and with 2 "
+        "OpenMP threads",
+        "dyadic_matmul", big_a, big_e, big_b, big_f, 24, modname=mod,
+    )  # fmt: skip
