@@ -36,6 +36,7 @@ float64 sum of at most 2^14 exact products is within 2^-38 of its magnitude).
 
 import numpy as np
 
+from ..fx.kernels import bitlen
 from ..gemm.kernels import round_limbs
 from ..mxfp.kernels import FMT_BIAS, FMT_EBITS, FMT_EMAX, FMT_MAXMAG, FMT_MBITS, _decode_element
 
@@ -44,16 +45,6 @@ LO_BITS = 40  # the fractional limb: units of 2^-40
 SHIFT_MIN = -40
 TERM_MAX = 1 << 48  # |a b 2^max(s, 0)| below this: K < 2^14 terms keep each limb below 2^62
 E8M0_BIAS = 127
-
-
-def _bitlen(m):
-    """Significant bits of 0 <= m < 2^63."""
-    n = 0
-    for step in (32, 16, 8, 4, 2, 1):
-        if m >= (1 << step):
-            m >>= step
-            n += step
-    return n + (1 if m > 0 else 0)
 
 
 def _rne_shift(m, sh):
@@ -90,7 +81,7 @@ def _above(m, mi, e):
 
 def scale_exp(amax, frac, fmt, rule):
     """The block's scale exponent X for its largest magnitude amax (raw, Q.frac, > 0)."""
-    x = _bitlen(amax) - 1 - frac - FMT_EMAX[fmt]
+    x = bitlen(amax) - 1 - frac - FMT_EMAX[fmt]
     mi, me = _max_int(fmt)
     # round-up: amax 2^-frac > max 2^x, i.e. amax > mi 2^(me + x + frac), takes one binade more
     if rule == 1 and _above(amax, mi, me + x + frac) == 1:
@@ -107,7 +98,7 @@ def _element(m, shift, fmt):
         return 0, 0
     if _above(m, mi, me + shift) == 1:  # m 2^-shift > max: saturated
         return FMT_MAXMAG[fmt], 1
-    t = _bitlen(m) - 1 - shift  # floor(log2 |v|)
+    t = bitlen(m) - 1 - shift  # floor(log2 |v|)
     n = _rne_shift(m, shift + max(t, 1 - bias) - mb)
     code = ((max(t + bias, 1) - 1) << mb) + n
     return min(code, FMT_MAXMAG[fmt]), 0
@@ -156,6 +147,19 @@ def values(scales, codes, fmt):
     return n, e
 
 
+def _add_term(hi, lo, v, s):
+    """(hi, lo, 1) with v 2^s added to the two limbs (hi + lo 2^-40), or (hi, lo, 0) for a
+    term outside the exact domain (s < -40, or |v 2^max(s, 0)| >= 2^48), which is not added."""
+    if v == 0:
+        return hi, lo, 1
+    if s < SHIFT_MIN or s > 47 or abs(v) >= (TERM_MAX >> max(s, 0)):
+        return hi, lo, 0
+    if s >= 0:
+        return hi + (v << s), lo, 1
+    q = v >> (-s)  # floor; the remainder v - q 2^-s is in [0, 2^-s)
+    return hi + q, lo + ((v - (q << (-s))) << (LO_BITS + s)), 1
+
+
 # pythran export dyadic_matmul(int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64[:,:] order(C), int64)
 def dyadic_matmul(a, ea, b, eb, frac):
     """(C int64 [M, N] in Q.frac, outside): C = round(sum_k a[m,k] b[n,k] 2^(ea + eb + frac))."""
@@ -168,19 +172,9 @@ def dyadic_matmul(a, ea, b, eb, frac):
             hi = 0
             lo = 0
             for k in range(k_n):
-                v = int(a[m, k]) * int(b[n, k])
-                if v == 0:
-                    continue
-                s = int(ea[m, k]) + int(eb[n, k]) + frac
-                if s < SHIFT_MIN or s > 47 or abs(v) >= (TERM_MAX >> max(s, 0)):
-                    bad[m] += 1
-                    continue
-                if s >= 0:
-                    hi += v << s
-                else:
-                    q = v >> (-s)  # floor
-                    hi += q
-                    lo += (v - (q << (-s))) << (LO_BITS + s)
+                hi, lo, ok = _add_term(hi, lo, int(a[m, k]) * int(b[n, k]),
+                                       int(ea[m, k]) + int(eb[n, k]) + frac)  # fmt: skip
+                bad[m] += 1 - ok
             c[m, n] = round_limbs(hi, lo, LO_BITS, LO_BITS)
     return c, int(np.sum(bad))
 
@@ -215,18 +209,8 @@ def packed_matmul(a, ea, w_packed, w_scales, frac):
                 byte = int(w_packed[n, k >> 1])
                 code = (byte >> (4 * (k & 1))) & 15
                 w = table[code & 7]
-                v = int(a[m, k]) * (-w if code >= 8 else w)
-                if v == 0:
-                    continue
                 s = int(ea[m, k]) + int(w_scales[n, k // BLOCK]) - E8M0_BIAS + unit + frac
-                if s < SHIFT_MIN or s > 47 or abs(v) >= (TERM_MAX >> max(s, 0)):
-                    bad[m] += 1
-                    continue
-                if s >= 0:
-                    hi += v << s
-                else:
-                    q = v >> (-s)
-                    hi += q
-                    lo += (v - (q << (-s))) << (LO_BITS + s)
+                hi, lo, ok = _add_term(hi, lo, int(a[m, k]) * (-w if code >= 8 else w), s)
+                bad[m] += 1 - ok
             c[m, n] = round_limbs(hi, lo, LO_BITS, LO_BITS)
     return c, int(np.sum(bad))

@@ -41,7 +41,7 @@ Merger. The merge is linear: each merged value is the mean of its chunk's nf fra
 import numpy as np
 
 from ..fx.kernels import div_round, mul_round, rshift_round, tanh_q62
-from ..gemm.kernels import gemm_i64
+from ..gemm.kernels import gemm_i64, transpose
 from ..vision.kernels_block import (
     GELU_A_Q62,
     GELU_ARG_FRAC,
@@ -68,11 +68,7 @@ def _head_backward(q_h, k_h, v_h, do_h, scale):
     """One head over one segment: (P, dP, D, dS, dq, dk, dv, outside) for q_h, k_h [n, dh]
     (Q.20), v_h [n, dh] (Q.16) and the output's gradient do_h [n, dh] (Q.24)."""
     n = q_h.shape[0]
-    v_t = np.zeros((v_h.shape[1], n), dtype=np.int64)
-    for j in range(n):
-        for c in range(v_h.shape[1]):
-            v_t[c, j] = v_h[j, c]
-    _z, p, _o, outside = _head(q_h, k_h, v_t, scale)
+    _z, p, _o, outside = _head(q_h, k_h, transpose(v_h), scale)  # the forward's own P
     dp, o1 = gemm_i64(do_h, v_h, G_FRAC + V_FRAC - DP_FRAC)
     d = np.zeros(n, dtype=np.int64)
     ds = np.zeros((n, n), dtype=np.int64)
@@ -91,19 +87,11 @@ def _head_backward(q_h, k_h, v_h, do_h, scale):
             ds[i, j] = mul_round(
                 int(p[i, j]) * (int(dp[i, j]) - int(d[i])), scale, P_FRAC + DP_FRAC + 62 - G_FRAC
             )
-    ds_t = _transpose(ds)
-    dq, o2 = gemm_i64(ds, _transpose(k_h), QK_FRAC)
-    dk, o3 = gemm_i64(ds_t, _transpose(q_h), QK_FRAC)
-    dv, o4 = gemm_i64(_transpose(p), _transpose(do_h), P_FRAC)
+    ds_t = transpose(ds)
+    dq, o2 = gemm_i64(ds, transpose(k_h), QK_FRAC)
+    dk, o3 = gemm_i64(ds_t, transpose(q_h), QK_FRAC)
+    dv, o4 = gemm_i64(transpose(p), transpose(do_h), P_FRAC)
     return p, dp, d, ds, dq, dk, dv, outside + o1 + o2 + o3 + o4 + bad
-
-
-def _transpose(a):
-    out = np.zeros((a.shape[1], a.shape[0]), dtype=np.int64)
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            out[j, i] = a[i, j]
-    return out
 
 
 def _scatter(dst, src, r0, c0):
