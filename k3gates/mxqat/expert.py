@@ -28,6 +28,7 @@ SITU_BETA, SITU_BETA_LIN = 4, 25
 class Kernels:
     def __init__(self, load) -> None:
         self.mx = load("k3gates.mxqat.kernels")
+        self.mxfp = load("k3gates.mxfp.kernels")
         self.situ = load("k3gates.situ.kernels")
 
     def quantize(self, x: np.ndarray, frac: int, fmt: int, rule: int) -> dict[str, np.ndarray]:
@@ -35,6 +36,12 @@ class Kernels:
         scales, codes, sat = self.mx.quantize_fx(np.ascontiguousarray(x), frac, fmt, rule)
         n, e = self.mx.values(scales, codes, fmt)
         return {"scales": scales, "codes": codes, "sat": sat.astype(bool), "n": n, "e": e}
+
+    def pack(self, q: dict) -> tuple[np.ndarray, np.ndarray]:
+        """An MXFP4 weight [R, K] as stored for inference: (two E2M1 codes per byte, the even
+        index in the low nibble: [R, K/2]; its E8M0 scale bytes [R, K/32]), by mxfp's pack_fp4."""
+        codes = q["codes"]
+        return self.mxfp.pack_fp4(codes.ravel()).reshape(codes.shape[0], -1), q["scales"]
 
     def matmul(self, a: dict, b: dict) -> np.ndarray:
         """round(A B^T) in Q.24, exact before its one rounding; outside the domain, an error."""
@@ -85,8 +92,3 @@ def backward(k: Kernels, s: dict, dy: np.ndarray) -> dict[str, np.ndarray]:
     d["dw1"] = k.matmul(fixed(d["dg"].T), transposed(s["z_q"])) * ~s["w1_q"]["sat"]
     d["dw3"] = k.matmul(fixed(d["du"].T), transposed(s["z_q"])) * ~s["w3_q"]["sat"]
     return d
-
-
-def pack(q: dict, load) -> tuple[np.ndarray, np.ndarray]:
-    """An MXFP4 weight as stored for inference: (two E2M1 codes per byte, E8M0 scale bytes)."""
-    return load("k3gates.mxqat.kernels").pack_fp4_rows(q["codes"]), q["scales"]

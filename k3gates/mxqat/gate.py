@@ -197,7 +197,7 @@ def _packed(ctx: GateContext, k: X.Kernels, rng: np.random.Generator) -> float:
     a = np.round(rng.normal(0, 1, (K3_TOKENS, kk)) * 2**X.FRAC).astype(np.int64)
     wq = k.quantize(w, X.W_FRAC, X.E2M1, 1)
     aq = k.quantize(a, X.FRAC, X.E4M3, 1)
-    packed, scales = k.mx.pack_fp4_rows(wq["codes"]), wq["scales"]
+    packed, scales = k.pack(wq)
     bits = 8 * (packed.nbytes + scales.nbytes) / w.size
     fake = k.matmul(aq, wq)
     out, outside = k.mx.packed_matmul(aq["n"], aq["e"], packed, scales, X.FRAC)
@@ -232,9 +232,6 @@ def _compiled(ctx: GateContext, rng: np.random.Generator) -> None:
     b, eb = rng.integers(-12, 13, (5, 64)), rng.integers(-8, -2, (5, 64))
     check_compiled(ctx, "compiled_dyadic_matmul", "dyadic_matmul", a, ea, b, eb, 24,
                    inputs="4 x 5 outputs over 64 terms, mixed exponents", modname=mod)  # fmt: skip
-    codes = rng.integers(0, 16, (5, 64)).astype(np.uint8)
-    check_compiled(ctx, "compiled_pack", "pack_fp4_rows", codes, inputs="5 rows of 64 codes",
-                   modname=mod)  # fmt: skip
     big_a, big_e = rng.integers(-(1 << 17), 1 << 17, (64, 256)), rng.integers(-20, -10, (64, 256))
     big_b, big_f = rng.integers(-12, 13, (96, 256)), rng.integers(-8, -2, (96, 256))
     ctx.check_threads(

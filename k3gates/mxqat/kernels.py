@@ -179,16 +179,6 @@ def dyadic_matmul(a, ea, b, eb, frac):
     return c, int(np.sum(bad))
 
 
-# pythran export pack_fp4_rows(uint8[:,:] order(C))
-def pack_fp4_rows(codes):
-    """E2M1 codes [R, K] -> bytes [R, K/2], the even index in the low nibble."""
-    out = np.zeros((codes.shape[0], codes.shape[1] // 2), dtype=np.uint8)
-    for r in range(codes.shape[0]):
-        for i in range(codes.shape[1] // 2):
-            out[r, i] = (codes[r, 2 * i] & 15) | ((codes[r, 2 * i + 1] & 15) << 4)
-    return out
-
-
 # pythran export packed_matmul(int64[:,:] order(C), int64[:,:] order(C), uint8[:,:] order(C), uint8[:,:] order(C), int64)
 def packed_matmul(a, ea, w_packed, w_scales, frac):
     """The inference path: activations (a, ea as `values` gives them) against packed MXFP4

@@ -26,8 +26,6 @@ import numpy as np
 from ..mxfp import reference as mx
 from ..situ import reference as situ
 
-RULES = ("ocp", "round-up")
-
 
 def scale_exponents(x: np.ndarray, fmt: str, rule: str) -> np.ndarray:
     """[R, K/32] scale exponents of the blocks of rows x [R, K] (real values)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..vision import rope_turns
 from ..vision.block import ACT_FRAC, EPS_Q32, HEADS, ROPE_X_MAX, W_FRAC, Kernels, attention_inputs
 
 G_FRAC = 24  # gradients: Q.24 (K3-μ's)
@@ -58,6 +59,8 @@ class GradKernels(Kernels):
         top = int(np.abs(rows).max(initial=0))
         if top > ROPE_X_MAX:
             raise OverflowError(f"RoPE gradient |raw| {top} > 2^30, outside rope_rotate's domain")
+        if dh not in self._freq:  # the forward fills it, but a backward may run without one
+            self._freq[dh] = rope_turns(dh)
         turned, sat = self.vision.rope2d(
             rows.astype(np.int32), np.repeat(pos_x, heads), np.repeat(pos_y, heads),
             self._freq[dh],
