@@ -45,9 +45,13 @@ def mla_induction(ctx: GateContext) -> None:
     held-out accuracy on the repeated half at least 95%, loss below 0.3 bits/token and within 3%
     of its float64 twin, bit-identical in a fresh process; decode over the latent cache equal to
     the full forward bit for bit; the ungated variant reported at equal steps."""
+    d = S.data(I.sequences, SEED, STEPS, I.BATCH, I.HELD_OUT)
+    # before the training: a wrong kernel is caught in seconds, not after the whole run
+    P.compiled_step(ctx, I, d, seed=SEED, tiny=TINY, variants=(IntOps, I.OpenGateOps),
+                    what=", gated and with the gate held open,")  # fmt: skip
     d, out, twin, int_s = P.train_beside_twin(
         ctx, I, steps=STEPS, seed=SEED, eval_every=EVAL_EVERY, threshold=THRESHOLD_BITS,
-        start_tol=START_TOL_BITS, unit="bits/token (held-out, repeated half)",
+        start_tol=START_TOL_BITS, unit="bits/token (held-out, repeated half)", data=d,
     )  # fmt: skip
     acc = P.check_accuracy(ctx, "induction_accuracy", "repeated tokens", out, d["eval"],
                            ACCURACY_MIN)  # fmt: skip
@@ -57,8 +61,6 @@ def mla_induction(ctx: GateContext) -> None:
     samples = _decode(ctx, ops, dec, out["params"], d["eval"][0])
     open_out = S.run(I.OpenGateOps(ctx.compiled), S.init(cfg, SEED), cfg, d["train"], d["eval"],
                      STEPS, h, EVAL_EVERY)  # fmt: skip
-    P.compiled_step(ctx, I, d, seed=SEED, tiny=TINY, variants=(IntOps, I.OpenGateOps),
-                    what=", gated and with the gate held open,")  # fmt: skip
     ctx.evidence(
         f"One Gated MLA layer trained {STEPS} steps in integers on induction: {acc:.1%} of the "
         f"repeated half held out, {out['val'][-1]:.3f} bits/token (float64 twin "

@@ -53,14 +53,16 @@ def kda_mqar(ctx: GateContext) -> None:
     MQAR here: 16 pairs, 128 tokens, vocabulary 64; W_f stays at its initial value. The loss
     ends below 0.5 bits/query, within 3% of its float64 twin at every evaluation, bit-identical
     in a fresh process; with beta fixed at 0, at equal steps, it is at least 10 points worse."""
+    d = S.data(Q.sequences, SEED, STEPS, Q.BATCH, Q.HELD_OUT)
+    # before the training: a wrong kernel is caught in seconds, not after the whole run
+    P.compiled_step(ctx, Q, d, seed=SEED, tiny=TINY, variants=(IntOps,))
     d, out, twin, int_s = P.train_beside_twin(
         ctx, Q, steps=STEPS, seed=SEED, eval_every=EVAL_EVERY, threshold=THRESHOLD_BITS,
-        start_tol=START_TOL_BITS, unit="bits/query (held-out)",
+        start_tol=START_TOL_BITS, unit="bits/query (held-out)", data=d,
     )  # fmt: skip
     acc = P.check_accuracy(ctx, "recall_accuracy", "queries", out, d["eval"], ACCURACY_MIN)
     h = dict(Q.HYPER)
     ablation = _ablation(ctx, d, h, acc)
-    P.compiled_step(ctx, Q, d, seed=SEED, tiny=TINY, variants=(IntOps,))
     ctx.evidence(
         f"One KDA layer trained {STEPS} steps in integers on MQAR ({Q.PAIRS} pairs, "
         f"{Q.CONTEXT} tokens): {acc:.1%} of held-out queries, {out['val'][-1]:.3f} bits/query "

@@ -66,6 +66,8 @@ def passkey_retrieval(ctx: GateContext) -> None:
     bit-identical in a fresh process; the MLA layer run at the answer rows alone equals the
     same layer run at every row, bit for bit, and float64 at 2^16 tokens within its bound."""
     d = T.data(SEED)
+    # before the training: a wrong kernel is caught in seconds, not after the whole run
+    P.compiled_step(ctx, T, d, seed=SEED, tiny=TINY, variants=(T.RowsInt,))
     _, out, twin, int_s = P.train_beside_twin(
         ctx, T, steps=T.STEPS, seed=SEED, eval_every=EVAL_EVERY, threshold=THRESHOLD_BITS,
         start_tol=START_TOL_BITS, unit="bits/digit (held-out, trained length)", data=d,
@@ -104,7 +106,6 @@ def passkey_retrieval(ctx: GateContext) -> None:
     )
     _rows_equal_full(ctx, ops, p, d)
     _rows_against_float(ctx, ops, p)
-    P.compiled_step(ctx, T, d, seed=SEED, tiny=TINY, variants=(T.RowsInt,))
     ctx.evidence(
         f"A KDA and a Gated MLA layer (d = {T.CONFIG.d}) trained {T.STEPS} steps in integers "
         f"on passkey retrieval: {acc:.0%} of passkeys at {LENGTHS[0]:,} filler tokens, "

@@ -81,10 +81,14 @@ def _sub(p: dict, prefix: str) -> dict:
 
 
 def forward(ops: Any, p: dict, cfg: SeqConfig, tokens: np.ndarray, targets: np.ndarray,
-            grad: bool = True) -> dict:  # fmt: skip
-    """tokens, targets [B, T] (target -1: not scored). The summed loss in nats and the tape."""
+            grad: bool = True, prefix: np.ndarray | None = None) -> dict:  # fmt: skip
+    """tokens, targets [B, T] (target -1: not scored). The summed loss in nats and the tape.
+    `prefix` [B T, d], when given, is added to the embedded tokens (a VLM's image tokens);
+    `backward` then returns its gradient as grads["x0"]."""
     b, t = tokens.shape
     x = ops.embed(np.ascontiguousarray(tokens.reshape(-1)), p["emb"])
+    if prefix is not None:
+        x = ops.add(x, prefix)
     if cfg.shift:
         x = ops.add(x, ops.embed(previous(tokens), p["emb_prev"]))
     tape = []
@@ -100,7 +104,7 @@ def forward(ops: Any, p: dict, cfg: SeqConfig, tokens: np.ndarray, targets: np.n
     loss, dlogits, loss_q = ops.head(hs, p["head"], want, grad)
     return {"loss": loss, "loss_q": loss_q, "dlogits": dlogits, "rows": rows, "want": want,
             "hs": hs, "x": x, "c_final": c_final, "tape": tape, "shape": (b, t),
-            "tokens": tokens}  # fmt: skip
+            "tokens": tokens, "prefix": prefix is not None}  # fmt: skip
 
 
 def backward(ops: Any, p: dict, cfg: SeqConfig, rec: dict) -> dict[str, np.ndarray]:
@@ -121,6 +125,8 @@ def backward(ops: Any, p: dict, cfg: SeqConfig, rec: dict) -> dict[str, np.ndarr
         dx = ops.add(dx, d_in)  # the residual: x_{l+1} = x_l + Attn(...)
         grads.update({f"{i}.attn.{k}": v for k, v in g_attn.items()})
     grads["emb"] = ops.embed_back(np.ascontiguousarray(rec["tokens"].reshape(-1)), dx, cfg.vocab)
+    if rec["prefix"]:
+        grads["x0"] = dx
     if cfg.shift:
         grads["emb_prev"] = ops.embed_back(previous(rec["tokens"]), dx, cfg.vocab)
     return grads
