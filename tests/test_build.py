@@ -72,7 +72,7 @@ def test_liar_killed_claims_are_struck_through_with_the_reason(
     for r in c["innovations"]:
         assert r["claim"] == "PROVEN"
         assert r["killed"] == (r["score"] < 4), r["id"]
-    assert killed, "multimodal stops at STRONG, so its PROVEN claim must be killed"
+    assert killed, "mxfp stops at STRONG, so its PROVEN claim must be killed"
     for r in killed:
         row = re.search(rf'<tr id="row-{r["id"]}".*?</tr>', index, re.S).group(0)
         assert "<s>PROVEN</s>" in row

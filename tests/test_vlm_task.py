@@ -50,7 +50,9 @@ def test_an_image_is_the_digit_upsampled_and_painted():
     assert (T.render(zero) == 250).all() and (T.render(full) == 20).all()
 
 
-@pytest.mark.parametrize(("direction", "sign", "start"), [("left", -1, 25), ("right", 1, 3)])
+@pytest.mark.parametrize(
+    ("direction", "sign", "start"), [("left", -1, 28), ("right", 1, 0), ("right", 1, 1)]
+)
 def test_a_clip_moves_the_digit_step_pixels_a_frame(direction, sign, start):
     images, _ = T.digits()
     frames = T.clip(images[7], direction, start)

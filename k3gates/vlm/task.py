@@ -32,7 +32,7 @@ DIRECTIONS = ("left", "right")
 SIDE = 28  # image side in pixels: two 14 x 14 patches, one merged token
 CANVAS = 56  # a clip's width: the digit has room to move
 FRAMES = 4  # one chunk: the merge pools exactly these
-STEP = 6  # pixels per frame a clip's digit moves
+STEP = 9  # pixels per frame a clip's digit moves: from one edge of the canvas to the other
 HELD_OUT = 297  # of 1797: 1500 to train on
 SPLIT_SEED = 16
 
