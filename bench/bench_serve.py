@@ -14,11 +14,14 @@ there is no build) over TLS 1.3 on loopback:
             ceiling / nginx is how far the hypercorn design itself can go
     nginx   nginx, TLS 1.3 only, N worker processes, gzip_static, config written at run time
 
-Each run is bounded in count (--requests, at --connections concurrent connections) and in time
-(--time-limit). wrk drives HTTP/1.1: it runs for a duration, sized by a 2 s probe so the run
-reaches the count, and a Lua script reports p99 and errors. h2load drives HTTP/2 for exactly the
-count (p99 from its per-request log). It prints req/s, p99 and the ratios, and
-how evenly the serve workers shared the CPU. It asserts nothing about time.
+The targets are measured in --rounds rounds (default 3), in rotated order each round, so a
+noisy machine's drift lands on every target alike; each ratio is printed as its median over the
+rounds and its spread (min to max of the per-round ratios). Each run is bounded in count
+(--requests, at --connections concurrent connections) and in time (--time-limit). wrk drives
+HTTP/1.1: it runs for a duration, sized by a 2 s probe so the run reaches the count, and a Lua
+script reports p99 and errors. h2load drives HTTP/2 for exactly the count (p99 from its
+per-request log). It prints req/s, p99 and the ratios, and how evenly the serve workers shared
+the CPU. It asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -373,6 +376,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--time-limit", type=int, default=120, help="seconds per run, at most")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all targets")
     parser.add_argument("--naive-server", nargs=3, metavar=("ROOT", "PORT", "STATE"))
     parser.add_argument("--ceiling-server", nargs=4, metavar=("ROOT", "PORT", "STATE", "N"))
     args = parser.parse_args()
@@ -400,7 +404,7 @@ def main() -> int:
             f"load average {os.getloadavg()[0]:.2f} at start",
             flush=True,
         )
-        results: dict[tuple[str, str], Result] = {}
+        rounds: list[dict[tuple[str, str], Result]] = []
         starters = {
             "serve": lambda: start_serve(site, state, args.workers),
             "serve1": lambda: start_serve(site, state, 1),
@@ -408,29 +412,41 @@ def main() -> int:
             "ceiling": lambda: start_ceiling(site, state, args.workers),
             "nginx": lambda: start_nginx(site, state, args.workers, tmp),
         }
-        for target, start in starters.items():
-            process, port = start()
-            try:
-                pids = worker_pids(process.pid) if target.startswith("serve") else [process.pid]
-                for result in measure(target, port, args, tmp, pids):
-                    results[(target, result.protocol)] = result
-            finally:
-                stop(process)
+        names = list(starters)
+        for k in range(args.rounds):
+            print(f"round {k + 1} of {args.rounds}", flush=True)
+            results: dict[tuple[str, str], Result] = {}
+            for target in names[k % len(names) :] + names[: k % len(names)]:  # rotated
+                process, port = starters[target]()
+                try:
+                    pids = worker_pids(process.pid) if target.startswith("serve") else [process.pid]
+                    for result in measure(target, port, args, tmp, pids):
+                        results[(target, result.protocol)] = result
+                finally:
+                    stop(process)
+            rounds.append(results)
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
-        print_ratios(results, args)
+        print_ratios(rounds, args)
     return 0
 
 
-def print_ratios(results: dict[tuple[str, str], Result], args: argparse.Namespace) -> None:
-    print(f"\nratios (serve = {args.workers} workers; req/s):")
+def print_ratios(rounds: list[dict[tuple[str, str], Result]], args: argparse.Namespace) -> None:
+    """Each ratio of req/s: its median over the rounds, and its spread (min .. max)."""
+    print(f"\nratios (serve = {args.workers} workers; req/s; median over {len(rounds)} rounds, "
+          "min .. max):")  # fmt: skip
+
+    def line(protocol: str, a: str, b: str) -> None:
+        v = sorted(_ratio(r[(a, protocol)].rate, r[(b, protocol)].rate) for r in rounds)
+        median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+        name = f"{a} / {b}"
+        print(f"  {protocol}: {name:17} = {median:6.2f}   ({v[0]:.2f} .. {v[-1]:.2f})")
+
     for protocol in ("h1", "h2"):
-        serve = results[("serve", protocol)].rate
         for other in ("serve1", "naive", "ceiling", "nginx"):
-            rate = results[(other, protocol)].rate
-            print(f"  {protocol}: serve / {other:7} = {_ratio(serve, rate):6.2f}")
-        ceiling, nginx = results[("ceiling", protocol)].rate, results[("nginx", protocol)].rate
-        print(f"  {protocol}: ceiling / nginx = {_ratio(ceiling, nginx):6.2f}")
-    clean = all(r.errors == 0 and r.requests >= args.requests for r in results.values())
+            line(protocol, "serve", other)
+        line(protocol, "ceiling", "nginx")
+    clean = all(r.errors == 0 and r.requests >= args.requests
+                for results in rounds for r in results.values())  # fmt: skip
     print(
         f"\nall runs reached {args.requests} requests with zero errors: {'yes' if clean else 'NO'}"
     )
