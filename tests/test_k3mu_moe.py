@@ -237,3 +237,72 @@ def test_params_and_init_agree():
     for name, shape, opt in L.PARAMS:
         assert p[name].shape == shape(64), name
         assert opt[0] in ("muon", "adamw", "fixed")
+
+
+# -- 6. quantisation-aware training: the routed experts fake-quantised (mxfp_training) ---------
+# Declared before the first run: the QAT layer against the float64 fake-quant reference, max
+# |error| relative to the RMS of the float64 value: 1% for y, 2% for every gradient (the
+# unquantised layer is within 5% of RMS by its bound; a quantiser whose two inputs differ by their
+# rounding may land one grid step apart, on a few elements).
+QAT_Y_REL, QAT_GRAD_REL = 0.01, 0.02
+
+
+@pytest.fixture(scope="module")
+def mx():
+    return L.MX(kc.load("k3gates.mxqat.kernels"))
+
+
+def _q(rows: np.ndarray, fmt: str) -> np.ndarray:
+    from k3gates.mxqat import reference as mxq
+
+    return mxq.quantize(rows, fmt, "round-up")[3]
+
+
+def _quantised(pd: dict) -> dict:
+    q = {n: _q(pd[n].reshape(-1, pd[n].shape[2]), "e2m1").reshape(pd[n].shape)
+         for n in ("w1", "w3", "w2")}  # fmt: skip
+    return {**pd, **q}
+
+
+def test_qat_quantises_the_experts_weights_and_z_exactly(compiled, mx):
+    """MXFP4 weights and MXFP8 z, bit for bit as the float64 reference quantiser gives them;
+    and the quantisation is real: the layer's output moves."""
+    x, pq, pd, _ = problem(13, 2, 12, 64)
+    pe = mx.experts(pq)
+    for n in ("w1", "w3", "w2"):
+        assert np.array_equal(pe[n] * 2.0**-W, _quantised(pd)[n]), n
+        assert not np.array_equal(pe[n], pq[n]), n
+    y_plain, plain = L.forward(compiled, x, pq)
+    y_qat, qat = L.forward(compiled, x, pq, mx=mx)
+    assert np.array_equal(qat[4] * 2.0**-24, _q(plain[4] * 2.0**-24, "e4m3"))  # z
+    assert not np.array_equal(qat[4], plain[4])
+    moved = np.abs(y_qat - y_plain).max() / np.sqrt(np.mean(y_plain.astype(float) ** 2))
+    assert moved > 1e-3, moved
+
+
+def test_qat_forward_and_straight_through_backward_against_float64(compiled, mx):
+    x, pq, pd, dy = problem(14, 2, 12, 64)
+    y, cache = L.forward(compiled, x, pq, mx=mx)
+    dx, grads = L.backward(compiled, dy, x, pq, cache, mx=mx)
+    pdq = _quantised(pd)
+    yr, cr = R.forward(x * 2.0**-A, pdq, idx=cache[1], q8=lambda r: _q(r, "e4m3"))
+    dxr, gr = R.backward(dy * 2.0**-G, x * 2.0**-A, pdq, cr)
+    rms = np.sqrt(np.mean(yr**2))
+    assert np.abs(y * 2.0**-A - yr).max() <= QAT_Y_REL * rms
+    for name, v, want in [("x", dx, dxr)] + [(n, grads[n], gr[n]) for n in gr]:
+        rms = np.sqrt(np.mean(want**2))
+        assert rms > 1e-3, name
+        assert np.abs(v * 2.0**-G - want).max() <= QAT_GRAD_REL * rms, name
+
+
+def test_qat_compiled_equals_interpreted(compiled, interpreted, mx):
+    x, pq, _, dy = problem(15, 1, 3, 64)
+    mx_py = L.MX(importlib.import_module("k3gates.mxqat.kernels"))
+    y1, c1 = L.forward(compiled, x, pq, mx=mx)
+    y2, c2 = L.forward(interpreted, x, pq, mx=mx_py)
+    assert np.array_equal(y1, y2)
+    dx1, g1 = L.backward(compiled, dy, x, pq, c1, mx=mx)
+    dx2, g2 = L.backward(interpreted, dy, x, pq, c2, mx=mx_py)
+    assert np.array_equal(dx1, dx2)
+    for name in g1:
+        assert np.array_equal(g1[name], g2[name]), name

@@ -15,11 +15,10 @@ the residual path and a LatentMoE FFN after each attention.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import json
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from k3gates.training import check_training, start_rerun
 
 from . import cli, corpus
 from . import train as T
+from .checks import check_compiled_run
 from .model import GRAD_FRAC, Config, backward, dequantize_params, forward, initial, windows
 from .ops import KERNELS, FloatOps, IntOps
 
@@ -141,19 +141,12 @@ def k3block_backward(ctx: GateContext) -> None:
         "bit-identical gradients",
         runs,
     )
-    t0 = time.perf_counter()
-    compiled = block_gradients(TINY, STARTS)
-    t1 = time.perf_counter()
-    interpreted = block_gradients(TINY, STARTS, interpreted=True)
-    t2 = time.perf_counter()
-    ctx.check(
+    check_compiled_run(
+        ctx,
         "compiled_block",
         "the compiled kernels and the same sources run by CPython give bit-identical gradients "
         f"of the whole model ({TINY['batch']} sequence of {TINY['context']} characters)",
-        digest(*compiled) == digest(*interpreted),
-        kind="compiled",
-        digests={"compiled": digest(*compiled), "interpreted": digest(*interpreted)},
-        speed_ratio=(t2 - t1) / max(t1 - t0, 1e-9),
+        functools.partial(block_gradients, TINY, STARTS),
     )
     worst = max(trained, key=lambda k: _rel(g_int[k], g_flt[k]))
     ctx.evidence(
@@ -221,28 +214,8 @@ def _finite_differences(ctx, fops, real, cfg, tokens, g_flt) -> None:
 TRAIN_STEPS = 100
 EVAL_EVERY = 10
 CURVE_REL_TOL = 0.03  # integer vs float64 validation loss, relative, at every evaluation
-START_TOL_BITS = 0.1  # the untrained model starts within 0.1 bits of log2(vocabulary)
-BELOW_BIGRAM_BITS = 0.3  # success: validation at least 0.3 bits/char below the bigram model
-NANOGPT_NATS = 1.88  # nanoGPT's CPU Shakespeare configuration, float (K3-SPEC section 10)
 TRAINING_KERNELS = list(KERNELS.values())  # the model's kernels and Muon's
 NARROW = {"d": 16, "batch": 1, "context": 4}  # compiled == interpreted: Muon runs slowly in CPython
-
-
-def baselines() -> dict:
-    return json.loads((Path(corpus.__file__).parent / "data" / "baselines.json").read_text())
-
-
-def threshold() -> float:
-    return baselines()["bigram"] - BELOW_BIGRAM_BITS
-
-
-def baseline_lines(base: dict) -> list[dict]:
-    """The reference lines of a bits/char chart: the n-gram baselines and nanoGPT's anchor."""
-    lines = [{"y": base[k], "label": f"{k} baseline"} for k in ("unigram", "bigram", "trigram")]
-    lines.append(
-        {"y": NANOGPT_NATS / math.log(2), "label": "nanoGPT CPU config, float (its README)"}
-    )
-    return lines
 
 
 @gate(
@@ -261,7 +234,7 @@ def k3mu_training(ctx: GateContext) -> None:
     bit-identical in a fresh process with another thread count."""
     cfg = _cfg()
     d = T.data(cfg)
-    base = baselines()
+    base = T.baselines()
     steps, every = TRAIN_STEPS, EVAL_EVERY
     rerun = start_rerun(
         ctx, "train_int", (vars(cfg), steps, SEED, every), python_module="k3gates.k3mu.train"
@@ -277,11 +250,11 @@ def k3mu_training(ctx: GateContext) -> None:
         ctx,
         curve=np.array(out["val"]),
         twin=np.array(twin["val"]),
-        threshold=threshold(),
+        threshold=T.threshold(),
         unit="bits/char (validation)",
         rerun=rerun,
         first=T.result_arrays(out),
-        start_near=(math.log2(cfg.vocab), START_TOL_BITS),
+        start_near=(math.log2(cfg.vocab), T.START_TOL_BITS),
     )
     tok = out["tokens"]
     tail = steps // 10
@@ -295,8 +268,8 @@ def k3mu_training(ctx: GateContext) -> None:
         {
             "x": out["eval_steps"],
             "series": {"integer": out["val"], "float64 twin": twin["val"]},
-            "threshold": threshold(),
-            "lines": baseline_lines(base),
+            "threshold": T.threshold(),
+            "lines": T.baseline_lines(base),
             "xlabel": "step",
             "ylabel": "bits/char (validation)",
         },
@@ -313,20 +286,13 @@ def k3mu_training(ctx: GateContext) -> None:
     ]  # fmt: skip
     ctx.artifact("table:run", {"columns": ["", "K3-μ"], "rows": rows})
     ctx.artifact("table:architecture", architecture(cfg, out["params"]))
-    t0 = time.perf_counter()
-    compiled = T.train_int(vars(_cfg(**NARROW)), 1, SEED, 1)
-    t1 = time.perf_counter()
-    interpreted = T.train_int(vars(_cfg(**NARROW)), 1, SEED, 1, interpreted=True)
-    t2 = time.perf_counter()
-    ctx.check(
+    check_compiled_run(
+        ctx,
         "compiled_step",
         "one whole training step (forward, backward, Muon and AdamW updates, Quantile "
         "Balancing) of a narrow K3-μ (d = 16) gives bit-identical weights compiled and run by "
         "CPython from the same sources",
-        digest(*compiled) == digest(*interpreted),
-        kind="compiled",
-        digests={"compiled": digest(*compiled), "interpreted": digest(*interpreted)},
-        speed_ratio=(t2 - t1) / max(t1 - t0, 1e-9),
+        functools.partial(T.train_int, vars(_cfg(**NARROW)), 1, SEED, 1),
     )
 
 
@@ -427,22 +393,22 @@ def k3mu_replay(ctx: GateContext) -> None:
     bits = meta["val_bits"]
     ctx.check(
         "below_bigram",
-        f"the committed run's validation loss is at least {BELOW_BIGRAM_BITS} bits/char below "
+        f"the committed run's validation loss is at least {T.BELOW_BIGRAM_BITS} bits/char below "
         "the bigram model",
-        bits <= threshold(),
-        message=f"{bits:.4f} bits/char > {threshold():.4f}",
+        bits <= T.threshold(),
+        message=f"{bits:.4f} bits/char > {T.threshold():.4f}",
         bits=bits,
-        threshold=threshold(),
+        threshold=T.threshold(),
     )
-    base = baselines()
+    base = T.baselines()
     curve = meta["curve"]
     ctx.artifact(
         "curve:the long run's validation loss (integer)",
         {
             "x": curve["eval_steps"],
             "series": {"integer": curve["val_bits"]},
-            "threshold": threshold(),
-            "lines": baseline_lines(base),
+            "threshold": T.threshold(),
+            "lines": T.baseline_lines(base),
             "xlabel": "step",
             "ylabel": "bits/char (validation)",
         },
@@ -453,7 +419,7 @@ def k3mu_replay(ctx: GateContext) -> None:
         ["steps; characters seen", f"{meta['steps']}; {meta['tokens']:,}"],
         ["validation, whole held-out split",
          f"{bits:.4f} bits/char = {meta['val_nats']:.4f} nats/char"],
-        ["nanoGPT's CPU configuration (float, published)", f"{NANOGPT_NATS} nats/char"],
+        ["nanoGPT's CPU configuration (float, published)", f"{T.NANOGPT_NATS} nats/char"],
         ["characters/s while training", f"{meta['tokens_per_s']:,} on {prov['cpu']}"],
         ["trained at", f"commit {prov['commit'][:12]}, {prov['started']}"],
     ]  # fmt: skip
@@ -462,7 +428,7 @@ def k3mu_replay(ctx: GateContext) -> None:
         ctx.artifact("text:sample", sample(ops, params, cfg, **SAMPLE))
     ctx.evidence(
         f"committed run: {meta['steps']} steps, validation {meta['val_nats']:.3f} nats/char "
-        f"({bits:.3f} bits; nanoGPT's CPU configuration: {NANOGPT_NATS} nats), re-evaluated and "
+        f"({bits:.3f} bits; nanoGPT's CPU configuration: {T.NANOGPT_NATS} nats), re-evaluated and "
         "replayed bit for bit"
     )
 

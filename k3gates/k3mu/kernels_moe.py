@@ -90,6 +90,7 @@ from ..fx.kernels import (
 )
 from ..gemm.kernels import gemm_i64, round_limbs, sum_outer, transpose
 from ..moe.kernels import qb_update
+from ..mxqat.kernels import fake_quant
 from ..situ.kernels import (
     SITU_BETA,
     SITU_BETA_LIN,
@@ -105,6 +106,7 @@ GRAD_FRAC = 24  # dy, dx, weight gradients
 BIAS_FRAC = 40  # QB bias = router-score format (k3gates/moe/kernels.py's S_FRAC)
 XW_FRAC = ACT_FRAC + W_FRAC  # 36: W x exact
 A_FRAC = 24  # internal activations (and SiTU's own output format, SITU_FRAC = 24)
+E4M3 = 3  # mxfp's format code of MXFP8's element, for quantisation-aware training
 G_FRAC = 28  # internal per-token gradients
 SW_FRAC = 56  # selected scores summed for the renormalisation
 P_FRAC = 60  # combine weights w_e and the ratios p_e = s_e / S
@@ -193,13 +195,17 @@ def rms_inverse(c, t):
 # pass is its own export, its arrays handed over by the Python face) =============================
 # pythran export moe_fwd_route(int64[:,:] order(C), int64[:,:] order(C), int64[:],
 #     int64[:,:] order(C), int64[:,:,:] order(C), int64[:,:,:] order(C), int64[:,:] order(C),
-#     int64[:,:] order(C), int64, int64)
-def moe_fwd_route(x, w_r, bias, w_down, w1, w3, ws1, ws3, k, rsf):
+#     int64[:,:] order(C), int64, int64, int64)
+def moe_fwd_route(x, w_r, bias, w_down, w1, w3, ws1, ws3, k, rsf, mx_rule):
     """Forward pass 1 on x [N, d] Q.16: the router, z and every SiTU input: (s40 [N, n],
     idx [N, k], ssel [N, k], wts [N, k], z [N, d_l], pre_g, pre_u [N, k h_e + h_s]); unit
     j h_e + i is slot j's expert unit i (Q.24), unit k h_e + i the shared expert's (Q.36);
     then the number of matmul outputs outside the shared GEMM's exact domain, 0 in the
-    domain above)."""
+    domain above).
+
+    mx_rule >= 0 (quantisation-aware training, k3gates/mxqat): z is quantised to MXFP8 (E4M3)
+    along d_l by scale rule mx_rule before the experts read it, exactly (mxqat's fake_quant),
+    and the returned z is the quantised one; -1 leaves z as it is."""
     n_tok = x.shape[0]
     n = w_r.shape[0]
     h = w1.shape[1]
@@ -218,6 +224,9 @@ def moe_fwd_route(x, w_r, bias, w_down, w1, w3, ws1, ws3, k, rsf):
     # expert's ws1 x, ws3 x (exact Q.36): the shared GEMM
     logits = matmul(xc, w_r, 0, bad)
     z = matmul(xc, w_down, XW_FRAC - A_FRAC, bad)
+    if mx_rule >= 0:
+        z, _sat, outside = fake_quant(z, A_FRAC, E4M3, mx_rule)
+        bad[0] += outside
     sg_all = matmul(xc, ws1, 0, bad)
     su_all = matmul(xc, ws3, 0, bad)
     # pass 1: the router's scores and selection

@@ -18,6 +18,7 @@ import numpy as np
 TOP_K = 2  # experts per token
 RSF = 1  # routed scaling factor (an integer here, so that RSF_Q20 is exact)
 W_FRAC = 20
+A_FRAC = 24  # the experts' activations (kernels_moe)
 BIAS_FRAC = 40
 RSF_Q20 = RSF << W_FRAC
 N_EXPERTS = 4
@@ -90,38 +91,49 @@ def _check_gemm(outside: int, where: str) -> None:
         )
 
 
-def forward(mod, x: np.ndarray, p: dict) -> tuple[np.ndarray, tuple]:
+def forward(mod, x: np.ndarray, p: dict, mx: MX | None = None) -> tuple[np.ndarray, tuple]:
     """y [B, T, d] Q.16 and the cache (s40, idx, ssel, wts, z, parts, a, E, chat, rinv, r,
-    sparts, a_s): kernels_moe's three forward passes, their arrays handed from one to the next."""
+    sparts, a_s): kernels_moe's three forward passes, their arrays handed from one to the next.
+
+    With `mx` (quantisation-aware training, K3-SPEC section 11), the routed experts run
+    fake-quantised: their weights MXFP4 and their inputs z and a MXFP8, each along its reduction
+    axis, exactly (mxqat's fake_quant); the cache keeps the quantised z and a, from which the
+    backward forms the master weights' straight-through gradients."""
     b, t, d = x.shape
     x2 = _c(x.reshape(b * t, d))
+    pe = mx.experts(p) if mx else p
     s40, idx, ssel, wts, z, pre_g, pre_u, out1 = mod.moe_fwd_route(
-        x2, _c(p["w_r"]), _c(p["bias"]), _c(p["w_down"]), _c(p["w1"]), _c(p["w3"]),
-        _c(p["ws1"]), _c(p["ws3"]), TOP_K, RSF_Q20,
+        x2, _c(p["w_r"]), _c(p["bias"]), _c(p["w_down"]), _c(pe["w1"]), _c(pe["w3"]),
+        _c(p["ws1"]), _c(p["ws3"]), TOP_K, RSF_Q20, mx.rule if mx else -1,
     )  # fmt: skip
     parts, a, sparts, a_s = mod.moe_situ_fwd(pre_g, pre_u, TOP_K, p["w1"].shape[1])
+    if mx:
+        a = mx.activations(a)
     y, big_e, chat, rinv, r, out2 = mod.moe_fwd_out(
-        idx, wts, a, _c(p["w2"]), _c(p["w_n"]), _c(p["w_up"]), _c(p["ws2"]), a_s
+        idx, wts, a, _c(pe["w2"]), _c(p["w_n"]), _c(p["w_up"]), _c(p["ws2"]), a_s
     )
     _check_gemm(out1 + out2, "the forward")
     cache = (s40, idx, ssel, wts, z, parts, a, big_e, chat, rinv, r, sparts, a_s)
     return y.reshape(b, t, d), cache
 
 
-def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
+def backward(mod, dy, x, p, cache, mx: MX | None = None) -> tuple[np.ndarray, dict]:
     """dx [B, T, d] Q.24 and the gradient (Q.24) of every trained parameter (not the bias):
-    kernels_moe's four backward passes."""
+    kernels_moe's four backward passes. With `mx`, the activation gradients go through the
+    quantised expert weights and the master weights take the straight-through gradient (the
+    cache's quantised z and a; the round-up rule saturates nothing, so there is no mask)."""
     b, t, d = x.shape
+    pe = mx.experts(p) if mx else p
     _s40, idx, ssel, wts, z, parts, a, big_e, chat, rinv, r, sparts, a_s = cache
     dy2 = _c(dy.reshape(b * t, d))
     x2 = _c(x.reshape(b * t, d))
     dr, d_e, da_all, dlog, out1 = mod.moe_bwd_latent(
-        dy2, _c(p["w_up"]), _c(p["ws2"]), _c(p["w_n"]), _c(p["w2"]), RSF_Q20,
+        dy2, _c(p["w_up"]), _c(p["ws2"]), _c(p["w_n"]), _c(pe["w2"]), RSF_Q20,
         idx, ssel, wts, big_e, chat, rinv, p["ws1"].shape[0],
     )  # fmt: skip
     dg, du, dgs, dus = mod.moe_situ_bwd(parts, sparts, da_all, idx.shape[1])
     dx, dz, out2 = mod.moe_bwd_dx(
-        _c(p["w_r"]), _c(p["w_down"]), _c(p["w1"]), _c(p["w3"]), _c(p["ws1"]), _c(p["ws3"]),
+        _c(p["w_r"]), _c(p["w_down"]), _c(pe["w1"]), _c(pe["w3"]), _c(p["ws1"]), _c(p["ws3"]),
         idx, dg, du, dgs, dus, dlog,
     )  # fmt: skip
     *grads, out3 = mod.moe_wgrad(
@@ -130,6 +142,38 @@ def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
     _check_gemm(out1 + out2 + out3, "the backward")
     names = ("w_r", "w_down", "w1", "w3", "w2", "w_n", "w_up", "ws1", "ws3", "ws2")
     return dx.reshape(b, t, d), dict(zip(names, grads, strict=True))
+
+
+class MX:
+    """The routed experts' quantisation for QAT in integers: MXFP4 (E2M1) weights, MXFP8 (E4M3)
+    activations, along each product's reduction axis, by mxqat's fake_quant kernel.
+
+    Only the round-up scale rule: it never saturates, so the straight-through estimator is the
+    identity everywhere (no clipping mask is needed, and none is applied). `packed=True`: the
+    weights given are already MXFP4 values (decoded from a packed export), used as they are."""
+
+    RULE_ROUND_UP = 1
+    E2M1, E4M3 = 0, 3
+
+    def __init__(self, kernels, packed: bool = False) -> None:
+        self.k, self.rule, self.packed = kernels, self.RULE_ROUND_UP, packed
+
+    def quantize(self, rows: np.ndarray, frac: int, fmt: int) -> np.ndarray:
+        q, _sat, outside = self.k.fake_quant(_c(rows), frac, fmt, self.rule)
+        if outside:
+            raise ValueError(f"mxqat.fake_quant: {outside} elements not exact in Q.{frac}")
+        return q
+
+    def experts(self, p: dict) -> dict[str, np.ndarray]:
+        """w1, w3 [n, h, d_l] along d_l and w2 [n, d_l, h] along h, MXFP4, in Q.20."""
+        if self.packed:
+            return p
+        return {name: self.quantize(p[name].reshape(-1, p[name].shape[2]), W_FRAC, self.E2M1)
+                .reshape(p[name].shape) for name in ("w1", "w3", "w2")}  # fmt: skip
+
+    def activations(self, a: np.ndarray) -> np.ndarray:
+        """a [N k, h] (Q.24), each slot's row along h, MXFP8."""
+        return self.quantize(a, A_FRAC, self.E4M3)
 
 
 def qb_update(mod, cache, p) -> np.ndarray:

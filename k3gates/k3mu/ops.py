@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import compile as kcompile
 from ..muon import reference as muon_ref
+from ..mxqat import reference as mxqat_ref
 from . import reference as glue_ref
 from . import reference_kda, reference_mla, reference_moe
 from .model import FACES, LOSS_FRAC, W_FRAC
@@ -32,6 +33,7 @@ KERNELS = {
     "moe": "k3gates.k3mu.kernels_moe",
     "muon": "k3gates.muon.kernels",
 }
+MXQAT = "k3gates.mxqat.kernels"  # the routed experts' quantiser, for quantisation-aware training
 REFERENCES = {"kda": reference_kda, "mla": reference_mla, "moe": reference_moe}
 
 
@@ -42,9 +44,13 @@ def q30(x: float) -> int:
 class IntOps:
     """The integer model: every value comes out of a kernel."""
 
-    def __init__(self, load: Callable[[str], ModuleType] = kcompile.load) -> None:
+    def __init__(self, load: Callable[[str], ModuleType] = kcompile.load, qat: str = "") -> None:
+        """`qat`: "" the plain model; "train" the routed experts fake-quantised (MXFP4 weights,
+        MXFP8 activations, layer_moe.MX); "packed" the same with expert weights that are already
+        MXFP4 values (a packed export, decoded)."""
         self.load = load
         self.mods = {key: load(KERNELS[key]) for key in ("glue", "kda", "mla", "moe")}
+        self.mx = FACES["moe"].MX(load(MXQAT), packed=qat == "packed") if qat else None
         self.k = self.mods["glue"]
         self.eps = round(EPS * 2.0 ** (2 * 16))  # mean(x^2) of Q.16 rows is Q.32
 
@@ -76,11 +82,15 @@ class IntOps:
         return self.k.attnres_backward(dh, np.ascontiguousarray(V), w, *cache)
 
     def layer(self, kind: str, x: np.ndarray, p: dict) -> tuple[np.ndarray, Any]:
-        return FACES[kind].forward(self.mods[kind], np.ascontiguousarray(x), p)
+        return FACES[kind].forward(self.mods[kind], np.ascontiguousarray(x), p, **self._mx(kind))
 
     def layer_back(self, kind, dy, x, p, cache) -> tuple[np.ndarray, dict]:
         face = FACES[kind]
-        return face.backward(self.mods[kind], np.ascontiguousarray(dy), x, p, cache)
+        dy = np.ascontiguousarray(dy)
+        return face.backward(self.mods[kind], dy, x, p, cache, **self._mx(kind))
+
+    def _mx(self, kind: str) -> dict:
+        return {"mx": self.mx} if kind == "moe" and self.mx else {}
 
     def head(self, xn, W, targets, grad: bool = True) -> tuple[float, Any, int]:
         """(summed loss in nats for logging, dlogits Q.24 or None, the kernel's Q.32 sum)."""
@@ -139,7 +149,19 @@ class IntOps:
 
 
 class FloatOps:
-    """The float64 twin: the same model on each module's reference.py."""
+    """The float64 twin: the same model on each module's reference.py. `qat="train"`: the
+    routed experts fake-quantised as IntOps's, by mxqat's float64 reference quantiser."""
+
+    def __init__(self, qat: str = "") -> None:
+        self.qat = qat
+
+    def _q(self, rows: np.ndarray, fmt: str) -> np.ndarray:
+        return mxqat_ref.quantize(rows, fmt, "round-up")[3]
+
+    def _experts(self, p: dict) -> dict:
+        q = {n: self._q(p[n].reshape(-1, p[n].shape[2]), "e2m1").reshape(p[n].shape)
+             for n in ("w1", "w3", "w2")}  # fmt: skip
+        return {**p, **q}
 
     def embed(self, inputs, E):
         return glue_ref.embed(inputs, E)
@@ -167,9 +189,13 @@ class FloatOps:
         return glue_ref.attnres_backward(dh, V, w, *cache)
 
     def layer(self, kind, x, p):
+        if kind == "moe" and self.qat:
+            return reference_moe.forward(x, self._experts(p), q8=lambda r: self._q(r, "e4m3"))
         return REFERENCES[kind].forward(x, p)
 
     def layer_back(self, kind, dy, x, p, cache):
+        if kind == "moe" and self.qat:  # straight-through: the quantised weights' gradient
+            return reference_moe.backward(dy, x, self._experts(p), cache)
         return REFERENCES[kind].backward(dy, x, p, cache)
 
     def head(self, xn, W, targets, grad=True):

@@ -44,7 +44,9 @@ def select(s: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-(s + b), axis=1, kind="stable")[:, :k]
 
 
-def forward(x, p, idx=None, k=TOP_K, rsf=RSF):
+def forward(x, p, idx=None, k=TOP_K, rsf=RSF, q8=None):
+    """`q8` (quantisation-aware training): a function quantising rows along their last axis,
+    applied to the experts' inputs z and a; p's expert weights are then the quantised ones."""
     b_, t_, d = x.shape
     xf = x.reshape(-1, d)  # [N, d]
     s = sigmoid(xf @ p["w_r"].T)  # [N, n]
@@ -55,9 +57,13 @@ def forward(x, p, idx=None, k=TOP_K, rsf=RSF):
     tot = sel.sum(axis=1, keepdims=True)
     w = rsf * sel / tot  # [N, k]
     z = xf @ p["w_down"].T  # [N, d_l]
+    if q8 is not None:
+        z = q8(z)
     g = np.einsum("nkhl,nl->nkh", p["w1"][idx], z)  # [N, k, h_e]
     u = np.einsum("nkhl,nl->nkh", p["w3"][idx], z)
     a, dadg, dadu = situ(g, u)
+    if q8 is not None:  # straight-through: dadg, dadu stay SiTU's own at (g, u)
+        a = q8(a.reshape(-1, a.shape[2])).reshape(a.shape)
     big_e = np.einsum("nklh,nkh->nkl", p["w2"][idx], a)  # [N, k, d_l]
     c = np.einsum("nk,nkl->nl", w, big_e)  # [N, d_l]
     rho = np.sqrt(np.mean(c**2, axis=1, keepdims=True) + EPS)

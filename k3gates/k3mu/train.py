@@ -7,10 +7,12 @@ and logs; every number of the integer run comes out of a kernel.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,27 @@ HYPER = {
     "wd": 0.0,
 }
 VAL_WINDOWS = 32  # validation: the first 32 windows of the held-out 10%
+# Success, declared with the recipe: the gates that train K3-μ (k3mu_training, mxfp_training)
+START_TOL_BITS = 0.1  # the untrained model starts within 0.1 bits of log2(vocabulary)
+BELOW_BIGRAM_BITS = 0.3  # success: validation at least 0.3 bits/char below the bigram model
+NANOGPT_NATS = 1.88  # nanoGPT's CPU Shakespeare configuration, float (K3-SPEC section 10)
+
+
+def baselines() -> dict:
+    return json.loads((Path(corpus.__file__).parent / "data" / "baselines.json").read_text())
+
+
+def threshold() -> float:
+    return baselines()["bigram"] - BELOW_BIGRAM_BITS
+
+
+def baseline_lines(base: dict) -> list[dict]:
+    """The reference lines of a bits/char chart: the n-gram baselines and nanoGPT's anchor."""
+    lines = [{"y": base[k], "label": f"{k} baseline"} for k in ("unigram", "bigram", "trigram")]
+    lines.append(
+        {"y": NANOGPT_NATS / math.log(2), "label": "nanoGPT CPU config, float (its README)"}
+    )
+    return lines
 
 
 def data(cfg: Config) -> dict[str, Any]:
@@ -135,16 +158,21 @@ def result_arrays(out: dict) -> tuple:
 
 
 def train_int(
-    cfg_fields: dict, steps: int, seed: int, eval_every: int, interpreted: bool = False
+    cfg_fields: dict,
+    steps: int,
+    seed: int,
+    eval_every: int,
+    interpreted: bool = False,
+    qat: str = "",
 ) -> tuple:
     """The integer run as one call, for a rerun in a fresh process (k3gates.fresh): its kernels
     are loaded compiled and guarded there like any gate's (or, with `interpreted`, run from
-    their sources by CPython)."""
+    their sources by CPython). `qat="train"`: with MXFP4 QAT on the routed experts (ops.IntOps)."""
     from .. import compile as kcompile
     from .ops import IntOps
 
     cfg = Config(**cfg_fields)
-    ops = IntOps(kcompile.interpreted if interpreted else kcompile.load)
+    ops = IntOps(kcompile.interpreted if interpreted else kcompile.load, qat=qat)
     out = run(ops, initial(cfg, seed), cfg, data(cfg), steps, seed, eval_every=eval_every)
     return result_arrays(out)
 

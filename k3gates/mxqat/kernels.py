@@ -204,3 +204,32 @@ def packed_matmul(a, ea, w_packed, w_scales, frac):
                 bad[m] += 1 - ok
             c[m, n] = round_limbs(hi, lo, LO_BITS, LO_BITS)
     return c, int(np.sum(bad))
+
+
+# pythran export fake_quant(int64[:,:] order(C), int64, int64, int64)
+def fake_quant(x, frac, fmt, rule):
+    """(xq int64 [R, K] Q.frac, sat uint8 [R, K], outside): rows x quantised by `quantize_fx`,
+    each element's exact value n 2^e written back in x's own format Q.frac.
+
+    Exact, no second rounding. An element of binade 2^t is rounded onto a grid of spacing
+    2^(t - mbits) (the subnormal spacing 2^(X + unit) below the normal range): a spacing of at
+    least 2^-frac gives a multiple of 2^-frac, and a finer one leaves the Q.frac input as it is.
+    A saturated element becomes max 2^X = M 2^(bitlen(amax) - 1 - mbits) in units of 2^-frac (max
+    = M 2^(emax - mbits)), and saturation needs bitlen(amax) > mbits for E2M1 and E4M3, so that
+    is an integer too. `outside` counts the elements for which this fails (none, by the argument;
+    the caller stops on any), left 0."""
+    scales, codes, sat = quantize_fx(x, frac, fmt, rule)
+    n, e = values(scales, codes, fmt)
+    xq = np.zeros((x.shape[0], x.shape[1]), dtype=np.int64)
+    bad = 0
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            s = int(e[r, i]) + frac
+            v = int(n[r, i])
+            if s >= 0:
+                xq[r, i] = v << s
+            elif v == ((v >> (-s)) << (-s)):
+                xq[r, i] = v >> (-s)
+            else:
+                bad += 1
+    return xq, sat, bad
