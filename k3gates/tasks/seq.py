@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..k3mu import reference as glue_ref
-from ..k3mu.model import FACES, dequantize_params, quantize_params
+from ..k3mu.model import FACES, dequantize_params, quantize_params, sub
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +76,6 @@ def twin_params(p: dict) -> dict:
     return dequantize_params(p)
 
 
-def _sub(p: dict, prefix: str) -> dict:
-    return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
-
-
 def forward(ops: Any, p: dict, cfg: SeqConfig, tokens: np.ndarray, targets: np.ndarray,
             grad: bool = True, prefix: np.ndarray | None = None) -> dict:  # fmt: skip
     """tokens, targets [B, T] (target -1: not scored). The summed loss in nats and the tape.
@@ -94,7 +90,7 @@ def forward(ops: Any, p: dict, cfg: SeqConfig, tokens: np.ndarray, targets: np.n
     tape = []
     for i, kind in enumerate(cfg.kinds):
         xn, c_norm = ops.norm(x, p[f"{i}.norm"])
-        y, c_attn = ops.layer(kind, xn.reshape(b, t, -1), _sub(p, f"{i}.attn."))
+        y, c_attn = ops.layer(kind, xn.reshape(b, t, -1), sub(p, f"{i}.attn."))
         tape.append((x, xn, c_norm, c_attn))
         x = ops.add(x, y.reshape(b * t, -1))
     hn, c_final = ops.norm(x, p["final_norm"])
@@ -118,7 +114,7 @@ def backward(ops: Any, p: dict, cfg: SeqConfig, rec: dict) -> dict[str, np.ndarr
         x, xn, c_norm, c_attn = rec["tape"][i]
         kind = cfg.kinds[i]
         dxn, g_attn = ops.layer_back(
-            kind, dx.reshape(b, t, -1), xn.reshape(b, t, -1), _sub(p, f"{i}.attn."), c_attn
+            kind, dx.reshape(b, t, -1), xn.reshape(b, t, -1), sub(p, f"{i}.attn."), c_attn
         )
         dxn = np.ascontiguousarray(dxn.reshape(b * t, -1))
         d_in, grads[f"{i}.norm"] = ops.norm_back(dxn, x, p[f"{i}.norm"], c_norm)

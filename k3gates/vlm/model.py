@@ -36,6 +36,7 @@ import numpy as np
 
 from .. import compile as kcompile
 from ..k3mu import ops as k3ops
+from ..k3mu.model import sub
 from ..tasks import seq as S
 from ..vision import block as B
 from ..vision import kernels as VK
@@ -109,10 +110,6 @@ def param_specs(cfg: Config, fixed: tuple[str, ...]) -> dict[str, tuple]:
     return specs
 
 
-def _sub(p: dict, prefix: str) -> dict:
-    return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
-
-
 # -- the two backends --------------------------------------------------------------------------
 class IntOps(k3ops.IntOps):
     """K3-μ's integer ops (the decoder and the optimisers) and the vision tower's kernels."""
@@ -179,7 +176,8 @@ class FloatOps(k3ops.FloatOps):
         return np.concatenate([vref.patch_embed(f, w) for f in frames])
 
     def patch_back(self, frames, dy):
-        x = (np.concatenate([vref.unfold(f) for f in frames]).astype(np.float64) - 128.0) / 128.0
+        pixels = np.concatenate([vref.unfold(f) for f in frames]).astype(np.float64)
+        x = (pixels - VK.PIXEL_ZERO) / 2**VK.PIXEL_FRAC
         return dy.T @ x
 
     def grid(self, table, gh, gw):
@@ -313,10 +311,10 @@ def tower(ops: Any, p: dict, cfg: Config, b: Batch) -> tuple[np.ndarray, dict]:
     frames, x = _embed_frames(ops, p, b, cfg)
     stages = []
     for i in range(cfg.depth):
-        x, s = ops.block(x, lay["pos"], lay["cu"], _sub(p, f"v.{i}."), cfg.heads)
+        x, s = ops.block(x, lay["pos"], lay["cu"], sub(p, f"v.{i}."), cfg.heads)
         stages.append(s)
     merged = np.concatenate([ops.merge(x[rows], f, c, *g) for rows, _, f, c, g in _merges(b)])
-    v, s_proj = ops.project(merged, _sub(p, "v.proj."))
+    v, s_proj = ops.project(merged, sub(p, "v.proj."))
     return v, {"frames": frames, "layout": lay, "blocks": stages, "proj": s_proj, "v": v}
 
 
@@ -325,13 +323,13 @@ def tower_back(ops: Any, p: dict, cfg: Config, b: Batch, tape: dict,
     """The tower's weight gradients from dv = dL/d(vision tokens)."""
     grads: dict[str, np.ndarray] = {}
     lay = tape["layout"]
-    dm, g = ops.project_back(dv, tape["proj"], _sub(p, "v.proj."))
+    dm, g = ops.project_back(dv, tape["proj"], sub(p, "v.proj."))
     grads.update({f"v.proj.{k}": w for k, w in g.items()})
     dx = np.concatenate([ops.merge_back(dm[m], f, c, *g, cfg.width)
                          for _, m, f, c, g in _merges(b)])  # fmt: skip
     for i in reversed(range(cfg.depth)):
         dx, g = ops.block_back(dx, tape["blocks"][i], lay["pos"], lay["cu"],
-                               _sub(p, f"v.{i}."), cfg.heads)  # fmt: skip
+                               sub(p, f"v.{i}."), cfg.heads)  # fmt: skip
         grads.update({f"v.{i}.{k}": w for k, w in g.items()})
     grads["v.patch"] = ops.patch_back(tape["frames"], dx)
     return grads
