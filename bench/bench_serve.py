@@ -1,6 +1,7 @@
 """Load bench for `python -m serve`, against a naive ASGI handler and nginx, on the same files.
 
     python bench/bench_serve.py [--requests 20000] [--connections 64] [--workers 2]
+    python bench/bench_serve.py --targets nginx,nginx-k3    # only the two nginx configurations
 
 Every target serves one snapshot of the site (a copy of public/, or a small synthetic site when
 there is no build) over TLS 1.3 on loopback:
@@ -12,7 +13,11 @@ there is no build) over TLS 1.3 on loopback:
             headers, no decisions), N processes on SO_REUSEPORT: the most any ASGI app served by
             hypercorn can reach here, so serve / ceiling is what our app costs and
             ceiling / nginx is how far the hypercorn design itself can go
-    nginx   nginx, TLS 1.3 only, N worker processes, gzip_static, config written at run time
+    nginx   nginx, TLS 1.3 only, N worker processes, gzip_static: a minimal config, no policy
+    nginx-k3
+            nginx with `python -m serve --nginx-conf`'s configuration (serve/nginx.py): every
+            header, check and rule of serve's policy, so nginx-k3 / nginx is what the policy
+            costs in nginx (issue 19 aims for at least 0.9)
 
 The targets are measured in --rounds rounds (default 3), in rotated order each round, so a
 noisy machine's drift lands on every target alike; each ratio is printed as its median over the
@@ -42,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+TARGETS = ("serve", "serve1", "naive", "ceiling", "nginx", "nginx-k3")
 URL_PATH = "/"  # the census page: index.html, about 10 KB, identity (no Accept-Encoding)
 
 WRK_SCRIPT = """
@@ -64,10 +70,17 @@ class Result:
     errors: int
     seconds: float
     p99_ms: float
+    served: int = 0  # every request of the run, sizing probes included: what the CPU paid for
+    cpu_seconds: float = 0.0  # the target's worker processes, over the whole run
 
     @property
     def rate(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def rate_per_cpu(self) -> float:
+        """Requests per CPU second of the target: steadier than req/s on a shared machine."""
+        return self.served / self.cpu_seconds if self.cpu_seconds else 0.0
 
 
 # --- the naive baseline ------------------------------------------------------------------
@@ -229,6 +242,40 @@ def start_nginx(
     return process, port
 
 
+def start_nginx_k3(
+    site: Path, state: Path, workers: int, tmp: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """nginx with the configuration `python -m serve --nginx-conf` writes, under its own prefix."""
+    sys.path.insert(0, str(REPO))
+    from serve.nginx import NginxSettings, nginx_conf
+
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    port = free_port()
+    prefix = tmp / "nginx-k3"
+    prefix.mkdir(exist_ok=True)
+    settings = NginxSettings(
+        root=site,
+        certfile=state / "leaf.pem",
+        keyfile=state / "leaf.key",
+        listen=f"127.0.0.1:{port}",
+        worker_processes=str(workers),
+    )
+    (prefix / "nginx.conf").write_text(nginx_conf(settings))
+    command = [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf")]
+    command += ["-e", str(prefix / "error.log"), "-g", "daemon off;"]
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    wait_for_port(port, process)
+    return process, port
+
+
+def cpu_model() -> str:
+    """The CPU the ratios were measured on, as /proc/cpuinfo names it."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if os.getpgid(process.pid) == process.pid:  # a group of its own: its forks go too
         os.killpg(process.pid, signal.SIGTERM)
@@ -247,12 +294,16 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def run_wrk(port: int, args: argparse.Namespace, tmp: Path, headers: list[str]) -> Result:
     """wrk runs for a duration, so a 2 s probe sizes the run to reach the request count."""
     probe = _wrk(port, args, tmp, headers, 2)
+    served = probe.requests
     seconds = min(args.time_limit, max(3, int(1.5 * args.requests / max(probe.rate, 1.0)) + 1))
     result = _wrk(port, args, tmp, headers, seconds)
+    served += result.requests
     if result.requests < args.requests and seconds < args.time_limit:
         # The machine slowed down under us (it is shared): once more, sized by what we saw.
         seconds = min(args.time_limit, int(1.5 * args.requests / max(result.rate, 1.0)) + 1)
         result = _wrk(port, args, tmp, headers, seconds)
+        served += result.requests
+    result.served = served
     return result
 
 
@@ -304,7 +355,7 @@ def run_h2load(port: int, args: argparse.Namespace, tmp: Path, headers: list[str
     )
     durations = sorted(int(row.split()[2]) for row in log.read_text().splitlines() if row.strip())
     p99 = durations[int(0.99 * (len(durations) - 1))] / 1e3 if durations else float("nan")
-    return Result("", "h2", ok, errors, seconds, p99)
+    return Result("", "h2", ok, errors, seconds, p99, served=ok)
 
 
 def cpu_ticks(pid: int) -> int:
@@ -360,10 +411,12 @@ def measure(
         result.target = name
         results.append(result)
         used = [b - a for a, b in zip(before, after, strict=True)]
+        result.cpu_seconds = sum(used) / os.sysconf("SC_CLK_TCK")
         share = ", ".join(f"{100 * u / max(1, sum(used)):.0f}%" for u in used)
         print(
             f"  {name:8}{protocol}: {result.requests:6d} requests, {result.errors} errors, "
-            f"{result.rate:8.0f} req/s, p99 {result.p99_ms:7.1f} ms"
+            f"{result.rate:8.0f} req/s, p99 {result.p99_ms:7.1f} ms, "
+            f"{result.rate_per_cpu:6.0f} req per CPU s"
             + (f"  (worker CPU shares: {share})" if len(pids) > 1 else ""),
             flush=True,
         )
@@ -377,6 +430,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--time-limit", type=int, default=120, help="seconds per run, at most")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all targets")
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help=f"comma-separated subset of {','.join(TARGETS)} (default: all)",
+    )
     parser.add_argument("--naive-server", nargs=3, metavar=("ROOT", "PORT", "STATE"))
     parser.add_argument("--ceiling-server", nargs=4, metavar=("ROOT", "PORT", "STATE", "N"))
     args = parser.parse_args()
@@ -400,7 +458,7 @@ def main() -> int:
         print(
             f"bench: GET {URL_PATH} ({(site / 'index.html').stat().st_size} bytes), "
             f"{args.requests} requests per run, {args.connections} connections, TLS 1.3, "
-            f"{os.cpu_count()} cores (shared with the load generator); "
+            f"{os.cpu_count()} cores of {cpu_model()} (shared with the load generator); "
             f"load average {os.getloadavg()[0]:.2f} at start",
             flush=True,
         )
@@ -411,15 +469,21 @@ def main() -> int:
             "naive": lambda: start_naive(site, state),
             "ceiling": lambda: start_ceiling(site, state, args.workers),
             "nginx": lambda: start_nginx(site, state, args.workers, tmp),
+            "nginx-k3": lambda: start_nginx_k3(site, state, args.workers, tmp),
         }
-        names = list(starters)
+        names = [name.strip() for name in args.targets.split(",")]
+        unknown = sorted(set(names) - set(starters))
+        if unknown:
+            raise SystemExit(f"unknown --targets {unknown}; choose from {list(starters)}")
         for k in range(args.rounds):
             print(f"round {k + 1} of {args.rounds}", flush=True)
             results: dict[tuple[str, str], Result] = {}
             for target in names[k % len(names) :] + names[: k % len(names)]:  # rotated
                 process, port = starters[target]()
                 try:
-                    pids = worker_pids(process.pid) if target.startswith("serve") else [process.pid]
+                    # serve's workers, nginx's workers (the master only supervises them).
+                    forks = target.startswith(("serve", "nginx"))
+                    pids = worker_pids(process.pid) if forks else [process.pid]
                     for result in measure(target, port, args, tmp, pids):
                         results[(target, result.protocol)] = result
                 finally:
@@ -435,16 +499,22 @@ def print_ratios(rounds: list[dict[tuple[str, str], Result]], args: argparse.Nam
     print(f"\nratios (serve = {args.workers} workers; req/s; median over {len(rounds)} rounds, "
           "min .. max):")  # fmt: skip
 
-    def line(protocol: str, a: str, b: str) -> None:
-        v = sorted(_ratio(r[(a, protocol)].rate, r[(b, protocol)].rate) for r in rounds)
+    def line(protocol: str, a: str, b: str, per_cpu: bool = False) -> None:
+        if not all((a, protocol) in r and (b, protocol) in r for r in rounds):
+            return  # a target left out with --targets
+        rate = (lambda x: x.rate_per_cpu) if per_cpu else (lambda x: x.rate)
+        v = sorted(_ratio(rate(r[(a, protocol)]), rate(r[(b, protocol)])) for r in rounds)
         median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-        name = f"{a} / {b}"
-        print(f"  {protocol}: {name:17} = {median:6.2f}   ({v[0]:.2f} .. {v[-1]:.2f})")
+        name = f"{a} / {b}" + (" (per CPU s)" if per_cpu else "")
+        print(f"  {protocol}: {name:29} = {median:6.2f}   ({v[0]:.2f} .. {v[-1]:.2f})")
 
     for protocol in ("h1", "h2"):
         for other in ("serve1", "naive", "ceiling", "nginx"):
             line(protocol, "serve", other)
         line(protocol, "ceiling", "nginx")
+        line(protocol, "nginx-k3", "nginx")
+        # What the policy costs nginx, counted in its workers' CPU rather than in wall time.
+        line(protocol, "nginx-k3", "nginx", per_cpu=True)
     clean = all(r.errors == 0 and r.requests >= args.requests
                 for results in rounds for r in results.values())  # fmt: skip
     print(

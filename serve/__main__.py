@@ -5,6 +5,8 @@ python -m serve                     serve :8443; with no public/ yet, a live bui
 python -m serve --watch             also run `build.py --watch`; each new build is served
 python -m serve --print-ca > ca.pem the local CA, for `curl --cacert ca.pem` or a browser
 python -m serve --cert c.pem --key k.pem --host 0.0.0.0 --port 443 --workers 2
+python -m serve --nginx-conf [--root public] [--cert c.pem --key k.pem] > site.conf
+                                    the same policy for nginx: nginx -p DIR -c site.conf
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .app import AppSettings
 from .certs import CertPaths, CertSettings, default_state_dir, ensure_local_certificates
 from .files import FileSettings
 from .headers import HeaderSettings
+from .nginx import NginxSettings, nginx_conf
 from .server import (
     Plan,
     ServerSettings,
@@ -50,6 +53,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--key", type=Path, help="PEM private key for --cert")
     p.add_argument(
         "--print-ca", action="store_true", help="print the local CA certificate and exit"
+    )
+    p.add_argument(
+        "--nginx-conf",
+        action="store_true",
+        help="print an nginx configuration with this server's policy (for --root) and exit",
     )
     p.add_argument("--watch", action="store_true", help="run build.py --watch alongside")
     p.add_argument(
@@ -169,10 +177,28 @@ def print_ca() -> int:
     return 0
 
 
-def build_plan(args: argparse.Namespace) -> Plan:
-    root = args.root.absolute()  # not resolved: a `public` symlink is followed per request
-    tls, certs = tls_settings(args)
-    server = ServerSettings(
+def print_nginx_conf(args: argparse.Namespace) -> int:
+    """The production path: nginx serving --root with exactly this server's policy."""
+    if args.cert is not None:
+        cert, key = args.cert.absolute(), args.key.absolute()
+    else:
+        paths = ensure_local_certificates(CertSettings(default_state_dir()))
+        cert, key = paths.leaf_cert, paths.leaf_key
+    settings = NginxSettings(
+        root=args.root.absolute(),
+        certfile=cert,
+        keyfile=key,
+        listen=f"{args.host}:{args.port}",
+        server=server_settings(args),
+        app=AppSettings(max_header_bytes=args.max_header_bytes),
+        access_log=args.access_log,
+    )
+    sys.stdout.write(nginx_conf(settings))
+    return 0
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
         host=args.host,
         port=args.port,
         workers=args.workers,
@@ -184,6 +210,12 @@ def build_plan(args: argparse.Namespace) -> Plan:
         access_log=args.access_log,
         cert_check_seconds=args.cert_check_interval,
     )
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    root = args.root.absolute()  # not resolved: a `public` symlink is followed per request
+    tls, certs = tls_settings(args)
+    server = server_settings(args)
     app = AppSettings(
         max_header_bytes=args.max_header_bytes,
         redirect_host=args.redirect_host if args.redirect_port is not None else None,
@@ -197,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         if args.print_ca:
             return print_ca()
+        if args.nginx_conf:
+            return print_nginx_conf(args)
         root = args.root.absolute()
         first = ensure_site(root, PROJECT_ROOT if args.root == DEFAULT_ROOT else None)
         with build_child(PROJECT_ROOT, root, first=first, watch=args.watch, extra=args.build_arg):

@@ -17,7 +17,7 @@ from urllib.parse import quote_from_bytes
 
 from . import files
 from .files import FileSettings, Found, Redirect, Refused
-from .headers import Header, HeaderSettings, cache_control, security_headers
+from .headers import NO_STORE, REVALIDATE, Header, HeaderSettings, cache_control, security_headers
 
 ALLOWED_METHODS = frozenset({"GET", "HEAD"})
 ALLOW = b"GET, HEAD"
@@ -82,6 +82,15 @@ class Prepared:
     headers: tuple[Header, ...]  # shared by every response for this file: never mutated
     etag: str
     body: bytes | None
+
+
+# Refusals are short plain text: nothing in them for a browser to render or a cache to keep.
+REFUSAL_TYPE = "text/plain; charset=utf-8"
+
+
+def refusal_body(status: int) -> bytes:
+    """The whole body of a refusal ("405 Method Not Allowed\\n"); nginx.py sends the same."""
+    return f"{status} {HTTPStatus(status).phrase}\n".encode("ascii")
 
 
 # A 304 carries no body, so no header that describes one (RFC 9110 15.4.5).
@@ -313,12 +322,11 @@ class StaticApp:
 
     def _refusal(self, refusal: Refused, request: RequestInfo) -> Response:
         """The one place a refusal becomes a response: a short plain-text body, never cached."""
-        phrase = HTTPStatus(refusal.status).phrase
-        body = f"{refusal.status} {phrase}\n".encode("ascii")
+        body = refusal_body(refusal.status)
         headers = [
-            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-type", REFUSAL_TYPE.encode("latin-1")),
             (b"content-length", str(len(body)).encode("ascii")),
-            (b"cache-control", b"no-store"),
+            (b"cache-control", NO_STORE.encode("latin-1")),
             *self.security,
         ]
         return Response(refusal.status, headers, b"" if request.method == "HEAD" else body)
@@ -329,7 +337,7 @@ class StaticApp:
         headers = [
             (b"location", location.encode("ascii")),
             (b"content-length", b"0"),
-            (b"cache-control", b"no-cache"),
+            (b"cache-control", REVALIDATE.encode("latin-1")),
             *self.security,
         ]
         # 308 keeps the method (RFC 9110 15.4.9), so the redirect never turns into a GET.

@@ -71,12 +71,28 @@ REVALIDATE = "no-cache"  # may be stored, but asked about (cheaply, with the ETa
 NO_STORE = "no-store"  # never kept: error pages must not outlive the error
 
 
+# serve only ever redirects with 308; nginx may use the others, and must cache them alike.
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
 def cache_control(url: str, status: int) -> str:
     """Caching policy from the canonical URL path and the status."""
+    return cache_policy(FINGERPRINTED.match(url) is not None, status)
+
+
+def cache_policy(fingerprinted: bool, status: int) -> str:
+    """Caching policy from whether the URL is fingerprinted and the status.
+
+    Split from `cache_control` so nginx.py can evaluate it for every status, fingerprinted or
+    not: the two servers then share this one function rather than two copies of it.
+    """
     if status >= 400:
         # A 404 cached for a URL that a later build adds would hide the new page.
         return NO_STORE
-    if FINGERPRINTED.match(url):
+    if status in REDIRECTS:
+        # A folder redirect: the next build may turn the folder into a file.
+        return REVALIDATE
+    if fingerprinted:
         return IMMUTABLE
     # HTML and every unfingerprinted file: the next build may change it under the same URL.
     return REVALIDATE

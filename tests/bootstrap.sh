@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 APT_PACKAGES=(
     chromium         # headless browser tests (driven by the playwright package)
-    testssl.sh       # outside TLS scanner for the server
-    nginx            # the load bench's ceiling baseline
+    testssl.sh       # outside TLS scanner for the server and its nginx configuration
+    nginx            # the production path: tests/test_serve_nginx.py, and the load bench
     wrk              # load generator (bench)
     nghttp2-client   # h2load (bench) and an HTTP/2 client
     openssl          # s_client probes in the server tests

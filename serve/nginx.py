@@ -1,0 +1,489 @@
+"""`python -m serve --nginx-conf`: the same policy as `python -m serve`, written as nginx config.
+
+The production path: nginx serves `public/` in C, and this module makes sure it
+answers exactly as the Python server does. Nothing here retypes a policy. Every header, cache
+rule, MIME type, limit and TLS group comes from the settings and functions the Python server
+itself uses (headers.py, files.py, app.py, server.py, tls.py), and tests/test_serve_nginx.py
+compares the two servers response by response.
+
+Read top to bottom, the configuration is:
+
+1. `main_context`: processes, pid and temp paths, relative to nginx's prefix (`-p`), so the same
+   file runs unprivileged in a temp folder (tests, bench) or under a real prefix.
+2. `types_block`: files.MIME_TYPES, so a type (and with nosniff, whether a page renders) agrees.
+3. `cache_control_map`: headers.cache_policy evaluated for every status, fingerprinted or not.
+4. `request_checks`: the refusals of files.parse_request_path, in its order and with its
+   statuses, as nginx `if`s on the raw and the decoded path.
+5. `server_block`: TLS, limits, headers, and the lookup (folder redirect, index, 404 page).
+
+What nginx cannot be made to do identically is listed in `KNOWN_DIFFERENCES` (and the README).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+
+from .app import ALLOW, ALLOWED_METHODS, REFUSAL_TYPE, AppSettings, refusal_body
+from .files import DEFAULT_MIME_TYPE, MIME_TYPES, NAME_MAX, FileSettings
+from .headers import FINGERPRINTED, HeaderSettings, cache_policy, security_headers
+from .server import ServerSettings
+from .tls import TLSSettings
+
+# nginx 1.22 announces exactly these by ALPN on a `listen ... ssl http2` socket.
+NGINX_ALPN = ("h2", "http/1.1")
+# Statuses nginx itself may produce (bad request line, timeouts, limits) besides the ones our
+# checks return. Each gets serve's plain-text refusal body instead of nginx's HTML page.
+NGINX_REFUSALS = (400, 405, 408, 413, 414, 431, 500, 501, 503, 505)
+# An unassigned status, never sent: `return` to it is the jump to the uncompressed location.
+CROSS_SITE = 599
+# Internal locations of the refusal bodies: /.k3/404, /.k3/405, ...
+REFUSAL_URI = "/.k3/"
+
+KNOWN_DIFFERENCES = (
+    "ETag: nginx's is mtime-size in seconds; serve's uses nanoseconds (both strong validators)",
+    "Vary: nginx writes 'Accept-Encoding', serve 'accept-encoding' (the same field name)",
+    "Server: nginx always names itself (server_tokens off drops only the version)",
+    "the TLS handshake shares client_header_timeout (nginx 1.22 has no handshake timeout)",
+    "a folder redirect's Location is nginx's decoded $uri: not percent-encoded for non-ASCII",
+    "one request may see two builds: nginx opens each file by path, not beneath one fd",
+    "for open_file_cache_valid (1 s) after a publish, a file may come from the previous build",
+    "cross-site requests without a User-Agent still get gzip (browsers always send one)",
+)
+
+
+@dataclass(frozen=True)
+class NginxSettings:
+    """What differs between deployments of the generated configuration."""
+
+    root: Path  # the published site; absolute, as nginx resolves `root` from its prefix
+    certfile: Path  # PEM chain, leaf first
+    keyfile: Path
+    # "127.0.0.1:8443", or "443" for every address of a production host.
+    listen: str = "127.0.0.1:8443"
+    # nginx processes. "auto" is one per core, as nginx recommends; tests use 1.
+    worker_processes: str = "auto"
+    # One line per request in <prefix>/access.log. Off, as in serve: no log of readers.
+    access_log: bool = False
+    # Seconds nginx keeps using an open file (and its symlink check) before it looks at the
+    # path again. Opening each file beneath the root without following links costs nginx a
+    # quarter of its CPU per request (bench_serve.py); cached, almost nothing. The cost: for
+    # this long after build.py publishes, a file may still come from the previous build.
+    # 0 turns the cache off.
+    open_file_cache_valid: int = 1
+    # The Python server's settings this configuration mirrors; defaults unless told otherwise.
+    files: FileSettings | None = None
+    headers: HeaderSettings = field(default_factory=HeaderSettings)
+    server: ServerSettings = field(default_factory=lambda: ServerSettings(workers=1))
+    app: AppSettings = field(default_factory=AppSettings)
+
+
+def nginx_conf(settings: NginxSettings) -> str:
+    """The whole nginx.conf, for `nginx -p PREFIX -c FILE` (add `-g 'daemon off;'` to supervise)."""
+    files = settings.files or FileSettings(settings.root)
+    tls = TLSSettings(settings.certfile, settings.keyfile)
+    if tls.alpn != NGINX_ALPN:
+        # nginx's ALPN list is fixed by the listen flags; refuse rather than drift silently.
+        raise ValueError(f"TLSSettings.alpn is {tls.alpn}; nginx can only offer {NGINX_ALPN}")
+    parts = [
+        "# Generated by `python -m serve --nginx-conf`: the policy of serve/, for nginx.\n"
+        "# Known differences from python -m serve:\n"
+        + "".join(f"#   - {d}\n" for d in KNOWN_DIFFERENCES),
+        main_context(settings),
+        "http {\n",
+        _indent(http_settings(settings)),
+        _indent(types_block()),
+        _indent(cache_control_map()),
+        _indent(allow_map()),
+        _indent(utf8_map()),
+        _indent(file_map(files)),
+        _indent(cross_site_map(settings.app)),
+        _indent(server_block(settings, files, tls)),
+        "}\n",
+    ]
+    return "\n".join(parts)
+
+
+# --- 1. the process ------------------------------------------------------------------------
+
+
+def main_context(settings: NginxSettings) -> str:
+    """Paths relative to the prefix: nothing outside it is written, so no root is needed."""
+    return (
+        f"worker_processes {settings.worker_processes};\n"
+        # The path checks and maps are regular expressions run on every request.
+        "pcre_jit on;\n"
+        "pid nginx.pid;\n"
+        "error_log error.log warn;\n"
+        # Connections per worker: nginx's own default.
+        "events {\n    worker_connections 1024;\n}\n"
+    )
+
+
+def http_settings(settings: NginxSettings) -> str:
+    """Temp paths inside the prefix, no access log by default, and no banner."""
+    log = "access_log access.log;" if settings.access_log else "access_log off;"
+    return (
+        f"{log}\n"
+        "client_body_temp_path body_temp;\n"
+        "proxy_temp_path proxy_temp;\n"
+        "fastcgi_temp_path fastcgi_temp;\n"
+        "uwsgi_temp_path uwsgi_temp;\n"
+        "scgi_temp_path scgi_temp;\n"
+        # Drops the version; nginx has no switch for the name itself (see KNOWN_DIFFERENCES).
+        "server_tokens off;\n"
+    )
+
+
+# --- 2. types --------------------------------------------------------------------------------
+
+
+def types_block() -> str:
+    """files.MIME_TYPES as nginx `types`: the charset is part of the value, as in serve."""
+    by_type: dict[str, list[str]] = {}
+    for extension, mime in MIME_TYPES.items():
+        by_type.setdefault(mime, []).append(extension.lstrip("."))
+    lines = [f"{_quote(mime)} {' '.join(exts)};" for mime, exts in by_type.items()]
+    return (
+        "types {\n"
+        + _indent("\n".join(lines) + "\n")
+        + "}\n"
+        + f"default_type {_quote(DEFAULT_MIME_TYPE)};\n"
+    )
+
+
+# --- 3. caching and the headers on every response -----------------------------------------
+
+
+def cache_control_map() -> str:
+    """$k3_cache_control from headers.cache_policy, evaluated for every status nginx can send.
+
+    The key is "<1 if the URL is fingerprinted else 0><status>": the fingerprint test is
+    headers.FINGERPRINTED itself (PCRE reads Python's pattern the same), applied to nginx's
+    decoded, normalised $uri, which is what serve tests (the canonical URL).
+    """
+    values: dict[str, list[str]] = {}
+    statuses = sorted({s.value for s in HTTPStatus} | {494})
+    for fingerprinted in (False, True):
+        for status in statuses:
+            key = f"{int(fingerprinted)}{status}"
+            values.setdefault(cache_policy(fingerprinted, status), []).append(key)
+    default = cache_policy(False, 200)
+    lines = [f"default {_quote(default)};"]
+    for value, keys in values.items():
+        if value != default:
+            lines.append(f"{_quote('~^(?:' + '|'.join(keys) + ')$')} {_quote(value)};")
+    fingerprint = (
+        f"map $uri $k3_fingerprinted {{\n"
+        f"    default 0;\n"
+        f"    {_quote('~' + FINGERPRINTED.pattern)} 1;\n"
+        f"}}\n"
+    )
+    return (
+        fingerprint
+        + "map $k3_fingerprinted$status $k3_cache_control {\n"
+        + _indent("\n".join(lines) + "\n")
+        + "}\n"
+    )
+
+
+def allow_map() -> str:
+    """`Allow` only on 405, as serve sends it: an empty add_header value sends nothing."""
+    return f'map $status $k3_allow {{\n    default "";\n    405 {_quote(ALLOW.decode())};\n}}\n'
+
+
+def header_lines(settings: NginxSettings) -> str:
+    """headers.security_headers plus caching, on every status (`always`): errors included."""
+    lines = []
+    for name, value in security_headers(settings.headers):
+        lines.append(f"add_header {name.decode()} {_quote(_literal(value.decode()))} always;")
+    lines.append("add_header Cache-Control $k3_cache_control always;")
+    lines.append("add_header Allow $k3_allow always;")
+    return "\n".join(lines) + "\n"
+
+
+# --- 4. the request path -----------------------------------------------------------------------
+
+# A well-formed UTF-8 sequence (RFC 3629 section 4), byte by byte: nginx's PCRE runs without UTF
+# mode, so this is how it rejects what Python's strict decoder rejects (overlongs, surrogates).
+UTF8 = (
+    r"^(?:[\x00-\x7F]|[\xC2-\xDF][\x80-\xBF]|\xE0[\xA0-\xBF][\x80-\xBF]"
+    r"|[\xE1-\xEC\xEE\xEF][\x80-\xBF]{2}|\xED[\x80-\x9F][\x80-\xBF]"
+    r"|\xF0[\x90-\xBF][\x80-\xBF]{2}|[\xF1-\xF3][\x80-\xBF]{3}|\xF4[\x80-\x8F][\x80-\xBF]{2})*$"
+)
+
+
+def file_map(files: FileSettings) -> str:
+    """$k3_file: the file a URL names; a folder URL names its index, as in files.lookup."""
+    return f'map $uri $k3_file {{\n    default $uri;\n    "~/$" "${{uri}}{files.index_name}";\n}}\n'
+
+
+def cross_site_map(app: AppSettings) -> str:
+    """$k3_cross_site, files.is_cross_site on "Sec-Fetch-Site|Referer|Host".
+
+    Fetch metadata decides when present; else no Referer is same-site; else the Referer's
+    host[:port] must equal Host. With compress_cross_site nobody is treated as cross-site.
+    """
+    if app.compress_cross_site:
+        return "map $uri $k3_cross_site {\n    default 0;\n}\n"
+    # urlsplit's netloc: after "scheme://", up to the first "/", "?" or "#".
+    same_host = r"~*^\|\s*[a-z][a-z0-9+.-]*://(?<k3_h>[^/?#|]*)(?:[/?#][^|]*)?\|\s*\k<k3_h>\s*$"
+    rows = [
+        ("default", "1"),  # a Referer from another host, or one we cannot parse
+        (_quote(r"~*^\s*cross-site\s*\|"), "1"),
+        (_quote(r"~^[^|]+\|"), "0"),  # Sec-Fetch-Site says same-origin, same-site or none
+        (_quote(r"~^\|\|"), "0"),  # no Referer: typed URL, curl, our own no-referrer pages
+        (_quote(same_host), "0"),
+    ]
+    lines = "".join(f"    {key} {value};\n" for key, value in rows)
+    return f'map "$http_sec_fetch_site|$http_referer|$http_host" $k3_cross_site {{\n{lines}}}\n'
+
+
+def utf8_map() -> str:
+    return f"map $uri $k3_utf8 {{\n    default 0;\n    {_quote('~' + UTF8)} 1;\n}}\n"
+
+
+def request_checks(files: FileSettings, app: AppSettings) -> list[tuple[str, int, str]]:
+    """(nginx condition, status, why) in serve's order: app.respond, then parse_request_path.
+
+    Raw checks read $request_uri (as sent, query included); the rest read $uri, which nginx has
+    percent-decoded once, with "//" merged and dot-segments removed, like serve's segments.
+    """
+    methods = "|".join(sorted(ALLOWED_METHODS))
+    separator = r"(?:/|%2[fF])"  # serve decodes before splitting, so %2f separates too
+    dot = r"(?:\.|%2[eE])"
+    return [
+        (_match("$request_method", f"^(?:{methods})$", negate=True), 405, "nothing to POST to"),
+        (_match("$request_uri", f"^[^?]{{{files.max_path_bytes + 1}}}"), 414, "long: a probe"),
+        # serve answers 400 to absolute-form targets; nginx accepts them, so read the line.
+        (_match("$request", "^[A-Z]+ /", negate=True), 400, "absolute-form: we are no proxy"),
+        ("$k3_utf8 = 0", 400, "overlong UTF-8: the decoder-mismatch traversal"),
+        (
+            _match("$uri", r"[\x00-\x1f\x7f\\]"),
+            400,
+            "NUL truncates, CR/LF split headers, backslash separates on Windows",
+        ),
+        (
+            _match("$request_uri", f"^[^?]*{separator}{dot}{{1,2}}(?:{separator}|\\?|$)"),
+            400,
+            "a dot-segment arriving is a traversal attempt (nginx would resolve it)",
+        ),
+        (_match("$uri", f"^(?:/[^/]+){{{files.max_segments + 1}}}"), 404, "too deep"),
+        (_match("$uri", r"/\."), 404, "dotfiles (.git, .env) are never part of a site"),
+        (_match("$uri", f"/[^/]{{{NAME_MAX + 1}}}"), 404, "a name longer than NAME_MAX"),
+    ]
+
+
+def _match(variable: str, regex: str, negate: bool = False) -> str:
+    return f"{variable} {'!~' if negate else '~'} {_quote(regex)}"
+
+
+# --- 5. the server -------------------------------------------------------------------------------
+
+
+def server_block(settings: NginxSettings, files: FileSettings, tls: TLSSettings) -> str:
+    body = "\n".join(
+        [
+            tls_lines(settings, tls),
+            limit_lines(settings.server, settings.app),
+            header_lines(settings),
+            lookup_lines(settings, files),
+            location_lines(files, check_lines(files, settings.app)),
+            refusal_locations((404, *NGINX_REFUSALS)),
+        ]
+    )
+    return "server {\n" + _indent(body) + "}\n"
+
+
+def tls_lines(settings: NginxSettings, tls: TLSSettings) -> str:
+    """TLS 1.3 only and tls.TLSSettings' groups (OpenSSL reads "P-256" in nginx as in Python)."""
+    return (
+        f"listen {settings.listen} ssl http2;\n"
+        f"ssl_certificate {_quote(str(tls.certfile))};\n"
+        f"ssl_certificate_key {_quote(str(tls.keyfile))};\n"
+        "ssl_protocols TLSv1.3;\n"
+        f"ssl_ecdh_curve {tls.groups};\n"
+        # Mozilla modern: the client picks among equally strong suites.
+        "ssl_prefer_server_ciphers off;\n"
+    )
+
+
+def limit_lines(server: ServerSettings, app: AppSettings) -> str:
+    """server.ServerSettings' limits in nginx's terms (seconds, bytes, counts)."""
+    return (
+        f"client_header_timeout {_seconds(server.idle_timeout)};\n"
+        f"keepalive_timeout {_seconds(server.idle_timeout)};\n"
+        f"client_body_timeout {_seconds(server.read_timeout)};\n"
+        f"send_timeout {_seconds(server.read_timeout)};\n"
+        f"keepalive_requests {server.max_requests_per_connection};\n"
+        f"http2_max_concurrent_streams {server.h2_max_concurrent_streams};\n"
+        # One buffer of the limit: a head larger than it gets 494, answered as serve's 431.
+        f"large_client_header_buffers 1 {_kib(app.max_header_bytes)};\n"
+    )
+
+
+def lookup_lines(settings: NginxSettings, files: FileSettings) -> str:
+    """Where files come from, which representation is sent, and where errors go."""
+    return (
+        f"root {_quote(str(settings.root.absolute()))};\n"
+        # Only the root itself (the `public` symlink) may be a link, as in files.open_snapshot.
+        "disable_symlinks on from=$document_root;\n"
+        + _open_file_cache(settings.open_file_cache_valid)
+        + "autoindex off;\n"
+        # Location headers stay path-absolute, never built from the Host header.
+        "absolute_redirect off;\n"
+        # build.py's sidecars, never on-the-fly compression; Vary whenever a sidecar exists.
+        "gzip off;\n"
+        "gzip_static on;\n"
+        "gzip_vary on;\n"
+        # serve ignores Range and answers 200; so does this.
+        "max_ranges 0;\n"
+        # RFC 9110 13.1.3: not modified when the file is no newer than the date, as serve.
+        "if_modified_since before;\n"
+        # The 404 page goes through named locations, which may hand on to another error page.
+        "recursive_error_pages on;\n"
+        # serve never answers 403: a refused symlink or a folder without index is "not here".
+        "error_page 403 404 =404 @k3_not_found;\n"
+        f"error_page {CROSS_SITE} = @k3_identity;\n"
+        "error_page 308 =308 /.k3/308;\n"
+        # nginx's own "request header too large" is serve's 431.
+        f"error_page 494 =431 {REFUSAL_URI}431;\n"
+        + "".join(f"error_page {s} {REFUSAL_URI}{s};\n" for s in NGINX_REFUSALS)
+    )
+
+
+def _open_file_cache(valid: int) -> str:
+    if valid <= 0:
+        return ""
+    # Misses are not cached (open_file_cache_errors is off): a new page is found at once.
+    return (
+        "open_file_cache max=10000 inactive=60s;\n"
+        f"open_file_cache_valid {valid}s;\n"  # whole seconds: nginx takes no ms here
+    )
+
+
+def check_lines(files: FileSettings, app: AppSettings) -> str:
+    return "".join(
+        f"# {why}\nif ({condition}) {{\n    return {status};\n}}\n"
+        for condition, status, why in request_checks(files, app)
+    )
+
+
+def location_lines(files: FileSettings, checks: str) -> str:
+    """A file, a folder's index, a folder without its slash (308), or the 404 page.
+
+    The checks sit in the two locations a request from outside can reach, not in `server`:
+    nginx runs `server`'s checks again on every internal redirect, and a refusal page reached
+    by one would then be refused itself. Folders are tried as $k3_file (the index by name), not
+    through `index`, whose internal redirect would do the same to the cross-site check.
+    """
+    page = "/" + files.not_found_name
+    sidecar = _quote(r"^(?<k3_base>.+)\.gz$")
+    return f"""\
+location / {{
+{_indent(checks)}\
+    if ($k3_cross_site) {{
+        return {CROSS_SITE};
+    }}
+    try_files $k3_file @k3_folder;
+}}
+# A sidecar is a representation of its base file, never a URL of its own.
+location ~ {sidecar} {{
+{_indent(checks)}\
+    if (-e $document_root$k3_base) {{
+        return 404;
+    }}
+    try_files $uri @k3_folder;
+}}
+# BREACH: another site's page gets no compression. gzip_disable reads only the User-Agent,
+# which every browser (the only way a cross-site request carries cookies) sends.
+location @k3_identity {{
+    gzip_disable "^";
+    try_files $k3_file @k3_folder;
+}}
+location @k3_folder {{
+    if ($uri ~ "/$") {{
+        return 404;
+    }}
+    # Canonical folder URLs end in "/", so relative links inside them resolve.
+    if (-d $request_filename) {{
+        return 308 $uri/$is_args$args;
+    }}
+    return 404;
+}}
+# serve's redirect has no body, so no Content-Type: `return 308` alone would add nginx's HTML.
+location = /.k3/308 {{
+    internal;
+    default_type "";
+    return 200 "";
+}}
+# The 404 page carries no validators (a 404 is never "not modified"), as in serve.
+location @k3_not_found {{
+    etag off;
+    error_page {CROSS_SITE} =404 @k3_not_found_identity;
+    error_page 403 404 {REFUSAL_URI}404;
+    if ($k3_cross_site) {{
+        return {CROSS_SITE};
+    }}
+    try_files {page} =404;
+}}
+location @k3_not_found_identity {{
+    etag off;
+    gzip_disable "^";
+    error_page 403 404 {REFUSAL_URI}404;
+    try_files {page} =404;
+}}
+"""
+
+
+def refusal_locations(statuses: Iterable[int]) -> str:
+    """app.refusal_body for each status: the same short plain text, never nginx's HTML.
+
+    Reached by URI, not by name: nginx cannot hand a request whose line it could not parse to a
+    named location. A dot-name, so from outside it is a dotfile, refused like any other.
+    """
+    out = []
+    for status in statuses:
+        body = refusal_body(status).decode("ascii")
+        out.append(
+            f"location = {REFUSAL_URI}{status} {{\n"
+            "    internal;\n"
+            f"    default_type {_quote(REFUSAL_TYPE)};\n"
+            f"    return {status} {_quote(body)};\n"
+            "}\n"
+        )
+    return "".join(out)
+
+
+# --- nginx syntax ------------------------------------------------------------------------------
+
+
+def _quote(text: str) -> str:
+    """A double-quoted nginx string: its parser turns \\\\ into \\ and \\" into "."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _literal(value: str) -> str:
+    """A header value nginx must send as written; `$` would start a variable there."""
+    if "$" in value:
+        raise ValueError(f"header value {value!r} contains '$', which nginx would expand")
+    return value
+
+
+def _seconds(value: float) -> str:
+    """nginx time: whole milliseconds, so 1.5 stays 1.5 s rather than rounding."""
+    return f"{round(value * 1000)}ms"
+
+
+def _kib(value: int) -> str:
+    if value % 1024:
+        raise ValueError(f"nginx buffer sizes here are whole KiB, not {value} bytes")
+    return f"{value // 1024}k"
+
+
+def _indent(text: str) -> str:
+    return re.sub(r"(?m)^(?=.)", "    ", text)
