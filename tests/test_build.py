@@ -28,12 +28,12 @@ def test_permille_is_floor_thousand_sum_over_forty(built_site: BuildRun):
     assert c["arithmetic"] == f"floor(1000 × {total} / 40) = {c['permille']}"
 
 
-def test_mxfp_is_strong_with_every_check_passing(built_site: BuildRun):
+def test_mxfp_is_proven_with_every_check_passing(built_site: BuildRun):
     c = built_site.census
     row = next(r for r in c["innovations"] if r["id"] == "mxfp")
-    assert row["level"] in {"STRONG", "PROVEN"}
+    assert row["level"] == "PROVEN" and not row["killed"]
     gates = [g for g in c["gates"] if g["innovation"] == "mxfp"]
-    assert {g["level"] for g in gates} >= {"PARTIAL", "HAVE", "STRONG"}
+    assert {g["level"] for g in gates} == {"PARTIAL", "HAVE", "STRONG", "PROVEN"}
     for g in gates:
         assert g["passed"], g["id"]
         assert g["checks"] and all(ch["passed"] for ch in g["checks"]), g["id"]
@@ -72,7 +72,7 @@ def test_liar_killed_claims_are_struck_through_with_the_reason(
     for r in c["innovations"]:
         assert r["claim"] == "PROVEN"
         assert r["killed"] == (r["score"] < 4), r["id"]
-    assert killed, "mxfp stops at STRONG, so its PROVEN claim must be killed"
+    assert killed, "an innovation below PROVEN (an honest failure's) must have its claim killed"
     for r in killed:
         row = re.search(rf'<tr id="row-{r["id"]}".*?</tr>', index, re.S).group(0)
         assert "<s>PROVEN</s>" in row

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import check, gate_row
 
 from k3gates import compile as kcompile
 from k3gates.mxqat import expert as X
+from k3gates.mxqat import gate as G
 from k3gates.mxqat import reference as ref
 
 
@@ -87,3 +89,27 @@ def test_a_product_outside_the_exact_domain_stops_the_expert(k):
     s = X.forward(k, z, w, 1)
     with pytest.raises(OverflowError, match="dyadic_matmul's exact domain"):
         X.backward(k, s, np.full(z.shape, 1 << 50, dtype=np.int64))
+
+
+def test_mxfp_training_reports_qat_direct_cast_and_unquantised_losses(built_site):
+    """Issue 17, acceptance 3: the three validation losses are in the gate's evidence, as the
+    values of its QAT check, in its table and in its sentence; and the packed export's loss is
+    the QAT run's, bit for bit."""
+    row = gate_row(built_site, "mxfp_training")
+    assert row["level"] == "PROVEN" and row["innovation"] == "mxfp"
+    values = check(row, "qat_vs_unquantised")["values"]
+    qat, plain = values["qat_bits"], values["unquantised_bits"]
+    cast = values["direct_cast_bits"]
+    assert len(qat) == len(plain) == G.TRAIN_STEPS // G.EVAL_EVERY + 1
+    worst = max(abs(q / p - 1) for q, p in zip(qat, plain, strict=True))
+    assert check(row, "qat_vs_unquantised")["passed"] == (worst <= G.QAT_REL_TOL)
+    assert qat[-1] < qat[0] and plain[-1] < plain[0] and cast > 0
+    table = dict(row["artifacts"][G.VARIANTS_TABLE]["rows"])
+    found = [v for k, v in table.items() if k.startswith("validation bits/char")]
+    assert len(found) == 4  # and the float64 fake-quant twin's
+    assert {f"{x:.4f}" for x in (qat[-1], plain[-1], cast)} <= set(found), (found, values)
+    for figure in (qat[-1], plain[-1], cast):
+        assert f"{figure:.4f}" in row["summary"], row["summary"]
+    packed = check(row, "packed_export")
+    assert packed["values"]["loss_q_packed"] == packed["values"]["loss_q_qat"]
+    assert packed["values"]["bits_per_weight"] == 4.25

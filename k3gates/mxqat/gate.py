@@ -6,6 +6,8 @@ k3gates/situ/kernels.py, declared before any run."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from k3gates.fx.checks import check_compiled
@@ -240,3 +242,268 @@ def _compiled(ctx: GateContext, rng: np.random.Generator) -> None:
         "OpenMP threads",
         "dyadic_matmul", big_a, big_e, big_b, big_f, 24, modname=mod,
     )  # fmt: skip
+
+
+# == PROVEN: K3-μ trained with MXFP4 QAT on its routed experts ==================================
+# Declared before any run. K3-μ's recipe, data, schedule and success threshold are
+# k3mu_training's (k3gates/k3mu/train.py); only the routed experts change.
+T_SEED = 1  # K3-μ's seed (k3mu_training's): the same initial weights and batches
+TRAIN_STEPS = 100
+TINY_CONTEXT = 4  # compiled == interpreted: the interpreted model is slow
+EVAL_EVERY = 10
+CURVE_REL_TOL = 0.03  # the QAT integer run against its float64 fake-quant twin, every evaluation
+QAT_REL_TOL = 0.03  # the QAT integer run against the unquantised integer run, every evaluation
+# The two sides' validation loss at the initial weights, relative: k3block_backward's 1e-4 for the
+# unquantised model. Quantisation adds no error of its own (both sides quantise the same values
+# by the same definition); where the two sides' inputs to a quantiser differ by their rounding, an
+# element can land one grid step apart, on a few of 32 x 2048 elements.
+INIT_REL_TOL = 1e-4
+# The kernel's MXFP4 values of the trained weights against the float64 reference quantiser's: 0,
+# both are exact by definition (K3-SPEC section 11; mxqat.kernels).
+# K3's routed experts (K3-SPEC, "K3 as released"): per MoE layer 896 experts, w1, w3 and w2 each
+# 3072 x 3584 weights; 92 MoE layers (93 layers, layer 0 a dense FFN)
+K3_EXPERT_WEIGHTS = 896 * 3 * 3072 * 3584
+K3_MOE_LAYERS = 92
+EXPERT_MATRICES = ("w1", "w3", "w2")
+VARIANTS_TABLE = "table:the variants' validation loss, and K3's expert memory"
+
+
+def _k3mu_kernels() -> list[str]:
+    from ..k3mu.ops import KERNELS, MXQAT
+
+    # mxfp's packer and situ's kernels: the export (expert.Kernels loads both)
+    return [*KERNELS.values(), MXQAT, "k3gates.mxfp.kernels", "k3gates.situ.kernels"]
+
+
+@gate(
+    "mxfp_training",
+    innovation="mxfp",
+    level="PROVEN",
+    kernels=_k3mu_kernels(),
+    bounds={"loss_curve": CURVE_REL_TOL, "qat_vs_unquantised": QAT_REL_TOL,
+            "init_twin": INIT_REL_TOL, "quantiser_exact": 0},
+    timeout=900,
+    requires=["mxfp_qat", "k3block_backward"],
+    exclusive=True,  # its fresh rerun takes the other core
+)  # fmt: skip
+def mxfp_training(ctx: GateContext) -> None:
+    """K3-μ trained on Shakespeare in integers with MXFP4 quantisation-aware training on its
+    routed experts, as K3 trains them: within 3% of the unquantised integer run and of its
+    float64 fake-quant twin at every evaluation, below the success threshold, bit-identical in a
+    fresh process, and its packed MXFP4 export evaluating to the same validation loss, bit for
+    bit."""
+    import math
+
+    from k3gates.training import check_training, start_rerun
+
+    from ..k3mu import corpus
+    from ..k3mu import train as T
+    from ..k3mu.checks import check_compiled_run
+    from ..k3mu.model import Config, dequantize_params, forward, initial
+    from ..k3mu.ops import FloatOps, IntOps
+
+    _text, vocab = corpus.load()
+    cfg = Config(vocab=len(vocab))
+    d = T.data(cfg)
+    val = T.val_batch(d["val"], cfg)
+    start = initial(cfg, T_SEED)
+    check_compiled_run(
+        ctx,
+        "compiled_qat",
+        "the compiled kernels and the same sources run by CPython give bit-identical loss and "
+        f"gradients of the whole fake-quantised model ({TINY_CONTEXT} characters)",
+        qat_gradients,
+    )
+    qat_ops, twin_ops = IntOps(ctx.compiled, qat="train"), FloatOps(qat="train")
+    init_int = T.evaluate(qat_ops, start, cfg, val)
+    init_flt = T.evaluate(twin_ops, dequantize_params(start), cfg, val)
+    ctx.check_reference(
+        "init_twin",
+        "at the initial weights, the fake-quantised integer model's validation loss is within "
+        f"{INIT_REL_TOL:g} (relative) of the float64 fake-quant twin's",
+        np.array([init_int / init_flt]),
+        np.ones(1),
+        unit="integer / float64 loss",
+        integer_bits=init_int,
+        float64_bits=init_flt,
+    )
+    steps, every = TRAIN_STEPS, EVAL_EVERY
+    rerun = start_rerun(ctx, "train_int", (vars(cfg), steps, T_SEED, every, False, "train"),
+                        python_module="k3gates.k3mu.train")  # fmt: skip
+
+    def beside() -> tuple[dict, dict]:
+        plain = T.run(IntOps(ctx.compiled), initial(cfg, T_SEED), cfg, d, steps, T_SEED,
+                      eval_every=every)  # fmt: skip
+        twin = T.run(twin_ops, dequantize_params(initial(cfg, T_SEED)), cfg, d, steps, T_SEED,
+                     eval_every=every)  # fmt: skip
+        return plain, twin
+
+    # the compiled kernels release the GIL: the unquantised run and the twin train in a thread
+    # beside the QAT run (and its fresh rerun), so three runs cost little more wall time than two
+    with ThreadPoolExecutor(1) as pool:
+        side = pool.submit(beside)
+        qat = T.run(qat_ops, initial(cfg, T_SEED), cfg, d, steps, T_SEED, eval_every=every)
+        plain, twin = side.result()
+    check_training(
+        ctx,
+        curve=np.array(qat["val"]),
+        twin=np.array(twin["val"]),
+        threshold=T.threshold(),
+        unit="bits/char (validation)",
+        rerun=rerun,
+        first=T.result_arrays(qat),
+        start_near=(math.log2(cfg.vocab), T.START_TOL_BITS),
+    )
+    # reported beside, not a check: the same checkpoint format reached without QAT
+    cast = T.evaluate(qat_ops, plain["params"], cfg, val)
+    ctx.check_reference(
+        "qat_vs_unquantised",
+        f"at every evaluation the QAT run's validation loss is within {QAT_REL_TOL:g} (relative) "
+        "of the unquantised integer run's, trained from the same weights on the same batches",
+        np.array(qat["val"]) / np.array(plain["val"]),
+        np.ones(len(plain["val"])),
+        unit="QAT / unquantised loss",
+        qat_bits=qat["val"],
+        unquantised_bits=plain["val"],
+        direct_cast_bits=cast,
+    )
+    k = X.Kernels(ctx.compiled)
+    export = _export(k, qat["params"])
+    stored = sum(packed.nbytes + scales.nbytes for packed, scales, _shape in export.values())
+    bits = 8 * stored / sum(int(np.prod(shape)) for _p, _s, shape in export.values())
+    decoded = {**qat["params"], **_decode(k, export)}
+    quantised = _fake_quantised(qat_ops, qat["params"])
+    real = dequantize_params(qat["params"])
+    want = [ref.quantize(real[n].reshape(-1, real[n].shape[2]), "e2m1", "round-up")[3].ravel()
+            for n in export]  # fmt: skip
+    ctx.check_reference(
+        "quantiser_exact",
+        f"the trained experts' {len(export)} matrices, quantised to MXFP4 by the integer kernel "
+        "(as the training's forward does), equal the float64 reference quantiser's values of the "
+        "same weights, exactly",
+        np.concatenate([quantised[n].ravel() for n in export]).astype(np.float64),
+        np.concatenate(want) * 2.0**X.W_FRAC,
+        unit="LSB (2^-20)",
+        matrices=len(export),
+    )
+    same_weights = all(np.array_equal(decoded[n], quantised[n]) for n in export)
+    loss_qat = forward(qat_ops, qat["params"], cfg, val, grad=False)["loss_q"]
+    loss_packed = forward(IntOps(ctx.compiled, qat="packed"), decoded, cfg, val, grad=False)[
+        "loss_q"
+    ]
+    ctx.check(
+        "packed_export",
+        f"the trained experts exported packed ({len(export)} matrices; two E2M1 codes per byte "
+        f"and one E8M0 byte per 32: {bits:g} bits per weight, measured from the stored bytes) "
+        "decode to exactly the MXFP4 weights the training used, and the model evaluated from "
+        "them gives the same validation loss, bit for bit",
+        bits == 4.25 and same_weights and loss_packed == loss_qat,
+        message=f"bits {bits}; same weights {same_weights}; loss {loss_packed} vs {loss_qat}",
+        kind="deterministic",
+        bits_per_weight=bits,
+        loss_q_packed=int(loss_packed),
+        loss_q_qat=int(loss_qat),
+    )
+    _report(ctx, T, {"qat": qat, "plain": plain, "twin": twin}, cast, bits)
+
+
+def qat_gradients(interpreted: bool = False) -> tuple:
+    """The fake-quantised K3-μ's summed loss (Q.32) and every gradient, in name order, on one
+    window of TINY_CONTEXT characters at full width, by the compiled kernels or by CPython."""
+    from k3gates import compile as kcompile
+
+    from ..k3mu import corpus
+    from ..k3mu.model import Config, backward, forward, initial, windows
+    from ..k3mu.ops import IntOps
+
+    text, vocab = corpus.load()
+    cfg = Config(vocab=len(vocab), batch=1, context=TINY_CONTEXT)
+    tokens = windows(corpus.encode(text, vocab), np.array([1000]), cfg.context)
+    ops = IntOps(kcompile.interpreted if interpreted else kcompile.load, qat="train")
+    params = initial(cfg, T_SEED)
+    rec = forward(ops, params, cfg, tokens)
+    grads = backward(ops, params, cfg, rec)
+    return (np.array([rec["loss_q"]], dtype=np.int64), *[grads[k] for k in sorted(grads)])
+
+
+def _expert_names(params: dict) -> list[str]:
+    return sorted(n for n in params if n.split(".")[-1] in EXPERT_MATRICES and ".ffn." in n)
+
+
+def _fake_quantised(ops, params: dict) -> dict[str, np.ndarray]:
+    """Every routed-expert matrix as the QAT forward reads it (ops.mx: MXFP4, Q.20)."""
+    out = {}
+    for name in _expert_names(params):
+        prefix, leaf = name.rsplit(".", 1)
+        layer = {m: params[f"{prefix}.{m}"] for m in EXPERT_MATRICES}
+        out[name] = ops.mx.experts(layer)[leaf]
+    return out
+
+
+def _export(k: X.Kernels, params: dict) -> dict[str, tuple]:
+    """The routed experts as stored for inference: name -> (packed codes [R, K/2], E8M0 scales
+    [R, K/32], the matrix's shape), by the kernels' quantiser (round-up) and mxfp's packer."""
+    out = {}
+    for name in _expert_names(params):
+        w = params[name]
+        q = k.quantize(w.reshape(-1, w.shape[2]), X.W_FRAC, X.E2M1, 1)
+        packed, scales = k.pack(q)
+        out[name] = (packed, scales, w.shape)
+    return out
+
+
+def _decode(k: X.Kernels, export: dict[str, tuple]) -> dict[str, np.ndarray]:
+    """The stored bytes back to Q.20 weights: unpacked codes, their exact values n 2^e
+    (mxqat's `values`), written in Q.20 (exact: every E2M1 value of these scales is a
+    multiple of 2^-20, which the comparison with the training's weights confirms)."""
+    out = {}
+    for name, (packed, scales, shape) in export.items():
+        codes = k.mxfp.unpack_fp4(np.ascontiguousarray(packed.ravel()))
+        n, e = k.mx.values(scales, np.ascontiguousarray(codes.reshape(-1, shape[2])), X.E2M1)
+        s = e + X.W_FRAC
+        if np.any(s < 0):
+            raise ValueError(f"{name}: a scale below Q.20's resolution")
+        out[name] = (n << s).reshape(shape)
+    return out
+
+
+def _report(ctx: GateContext, T, runs: dict, cast: float, bits: float) -> None:
+    qat, plain, twin = runs["qat"], runs["plain"], runs["twin"]
+    ctx.evidence(
+        f"K3-μ trained {TRAIN_STEPS} steps with MXFP4 QAT on its routed experts: validation "
+        f"{qat['val'][-1]:.4f} bits/char; unquantised integer run {plain['val'][-1]:.4f}; "
+        f"float64 fake-quant twin {twin['val'][-1]:.4f}; the unquantised run's experts cast to "
+        f"MXFP4 after training (no QAT) {cast:.4f}"
+    )
+    ctx.artifact(
+        "curve:validation loss",
+        {
+            "x": qat["eval_steps"],
+            "series": {"integer, MXFP4 QAT": qat["val"],
+                       "float64 fake-quant twin": twin["val"],
+                       "integer, unquantised": plain["val"]},
+            "threshold": T.threshold(),
+            "lines": T.baseline_lines(T.baselines()),
+            "xlabel": "step",
+            "ylabel": "bits/char (validation)",
+        },
+    )  # fmt: skip
+
+    def gib(weights: int, b: float) -> str:
+        at_b, at_bf16 = weights * b / 8 / 2**30, weights * 2 / 2**30
+        return f"{at_b:,.1f} GiB at {b:g} bits; {at_bf16:,.1f} GiB at bf16"
+
+    rows = [
+        ["bits per expert weight (packed codes and scales, measured)", f"{bits:g}"],
+        ["K3's routed experts, one MoE layer (896 × 3 × 3072 × 3584 weights)",
+         gib(K3_EXPERT_WEIGHTS, bits)],
+        [f"K3's routed experts, all {K3_MOE_LAYERS} MoE layers",
+         gib(K3_MOE_LAYERS * K3_EXPERT_WEIGHTS, bits)],
+        ["validation bits/char, unquantised integer run", f"{plain['val'][-1]:.4f}"],
+        ["validation bits/char, MXFP4 QAT integer run (= from its packed export)",
+         f"{qat['val'][-1]:.4f}"],
+        ["validation bits/char, float64 fake-quant twin", f"{twin['val'][-1]:.4f}"],
+        ["validation bits/char, unquantised run cast to MXFP4 after training (no QAT)",
+         f"{cast:.4f}"],
+    ]  # fmt: skip
+    ctx.artifact(VARIANTS_TABLE, {"columns": ["", "K3-μ"], "rows": rows})
