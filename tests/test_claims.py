@@ -219,7 +219,7 @@ MALFORMED = [
      1, "fact 4: `check` must name gate_id/check_name, got 'overwrite_exact'"),
     ("mxfp.md", 'check = "mxfp_decode/e8m0_scales"',
      'check = "mxfp_decode/e8m0_scales"\nchek = "mxfp_decode/e2m1_codes"', "chek =", 1,
-     "fact 6: unknown field `chek`; a fact has only `text` and `check`"),
+     "fact 11: unknown field `chek`; a fact has only `text` and `check`"),
     ("multimodal.md", MM_TAIL, 'facts = "kda_recurrent/overwrite_exact"\n' + MM_NEXT, "facts =", 1,
      "`facts` must be an array of tables ([[facts]] with text and check), got str"),
     ("multimodal.md", MM_TAIL, 'facts = ["kda_recurrent/overwrite_exact"]\n' + MM_NEXT, "facts =",

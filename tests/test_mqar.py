@@ -7,6 +7,7 @@ import numpy as np
 from conftest import BuildRun, check, gate_row
 
 from k3gates.gate import REGISTRY, GateContext
+from k3gates.k3mu.model import sub
 from k3gates.k3mu.ops import IntOps
 from k3gates.mqar import gate as mq_gate
 from k3gates.mqar import task as Q
@@ -59,7 +60,7 @@ def test_beta_zero_makes_the_layer_add_nothing_and_learn_nothing():
     out = {}
     for name, ops in (("kda", IntOps()), ("beta0", Q.beta_zero_ops(IntOps().load))):
         xn = ops.norm(ops.embed(tokens.reshape(-1), p["emb"]), p["0.norm"])[0]
-        y, _ = ops.layer("kda", xn.reshape(2, Q.CONTEXT, -1), S._sub(p, "0.attn."))
+        y, _ = ops.layer("kda", xn.reshape(2, Q.CONTEXT, -1), sub(p, "0.attn."))
         grads = S.backward(ops, p, Q.CONFIG, S.forward(ops, p, Q.CONFIG, tokens, targets))
         out[name] = (y, grads)
     assert np.any(out["kda"][0]) and not np.any(out["beta0"][0])
