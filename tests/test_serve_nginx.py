@@ -8,7 +8,6 @@ the nginx configuration as test_serve_tls scans the server.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -36,7 +35,7 @@ from serve_support import (
     tls_connect,
 )
 from test_serve_http import ESCAPES
-from test_serve_tls import FAILING_SEVERITIES, LOCAL_CA_FINDINGS, SCAN_TIMEOUT
+from test_serve_tls import SCAN_TIMEOUT, assert_testssl_tls13_only
 
 from serve.headers import HeaderSettings
 from serve.nginx import NginxSettings, nginx_conf
@@ -371,15 +370,4 @@ def test_testssl_reports_only_tls13_hsts_and_nothing_medium(
         )
     if not report.exists():
         raise AssertionError(f"testssl wrote no JSON:\n{log.read_text()[-3000:]}")
-    findings = {f["id"]: f for f in json.loads(report.read_text())}
-    for old in ("SSLv2", "SSLv3", "TLS1", "TLS1_1", "TLS1_2"):
-        assert findings[old]["finding"].startswith("not offered"), findings[old]
-    assert findings["TLS1_3"]["finding"].startswith("offered"), findings["TLS1_3"]
-    assert findings["HSTS_time"]["severity"] == "OK", findings["HSTS_time"]
-    assert "63072000 seconds" in findings["HSTS_time"]["finding"]
-    bad = {
-        key: f"{f['severity']}: {f['finding']}"
-        for key, f in findings.items()
-        if f["severity"] in FAILING_SEVERITIES and LOCAL_CA_FINDINGS.get(key) != f["finding"]
-    }
-    assert not bad, f"testssl findings at MEDIUM or above: {json.dumps(bad, indent=1)}"
+    assert_testssl_tls13_only(report)

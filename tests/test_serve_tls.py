@@ -159,7 +159,13 @@ def test_testssl_reports_only_tls13_hsts_and_nothing_medium(scans: Scans) -> Non
     log = scans.wait(scans.testssl, "testssl")  # its exit code is not a verdict: read the JSON
     if not scans.testssl_json.exists():
         raise AssertionError(f"testssl wrote no JSON:\n{log[-3000:]}")
-    findings = {f["id"]: f for f in json.loads(scans.testssl_json.read_text())}
+    assert_testssl_tls13_only(scans.testssl_json)
+
+
+def assert_testssl_tls13_only(report: Path) -> None:
+    """testssl's JSON report: only TLS 1.3 offered, HSTS for two years, and nothing at MEDIUM or
+    above but the local CA's own findings (shared with tests/test_serve_nginx.py)."""
+    findings = {f["id"]: f for f in json.loads(report.read_text())}
     for old in ("SSLv2", "SSLv3", "TLS1", "TLS1_1", "TLS1_2"):
         assert findings[old]["finding"].startswith("not offered"), findings[old]
     assert findings["TLS1_3"]["finding"].startswith("offered"), findings["TLS1_3"]
