@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..mxqat.expert import E2M1, E4M3, RULE_ROUND_UP
+
 TOP_K = 2  # experts per token
 RSF = 1  # routed scaling factor (an integer here, so that RSF_Q20 is exact)
 W_FRAC = 20
@@ -152,11 +154,8 @@ class MX:
     identity everywhere (no clipping mask is needed, and none is applied). `packed=True`: the
     weights given are already MXFP4 values (decoded from a packed export), used as they are."""
 
-    RULE_ROUND_UP = 1
-    E2M1, E4M3 = 0, 3
-
     def __init__(self, kernels, packed: bool = False) -> None:
-        self.k, self.rule, self.packed = kernels, self.RULE_ROUND_UP, packed
+        self.k, self.rule, self.packed = kernels, RULE_ROUND_UP, packed
 
     def quantize(self, rows: np.ndarray, frac: int, fmt: int) -> np.ndarray:
         q, _sat, outside = self.k.fake_quant(_c(rows), frac, fmt, self.rule)
@@ -168,12 +167,12 @@ class MX:
         """w1, w3 [n, h, d_l] along d_l and w2 [n, d_l, h] along h, MXFP4, in Q.20."""
         if self.packed:
             return p
-        return {name: self.quantize(p[name].reshape(-1, p[name].shape[2]), W_FRAC, self.E2M1)
+        return {name: self.quantize(p[name].reshape(-1, p[name].shape[2]), W_FRAC, E2M1)
                 .reshape(p[name].shape) for name in ("w1", "w3", "w2")}  # fmt: skip
 
     def activations(self, a: np.ndarray) -> np.ndarray:
         """a [N k, h] (Q.24), each slot's row along h, MXFP8."""
-        return self.quantize(a, A_FRAC, self.E4M3)
+        return self.quantize(a, A_FRAC, E4M3)
 
 
 def qb_update(mod, cache, p) -> np.ndarray:

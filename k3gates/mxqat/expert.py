@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..mxfp import FORMATS
+
 FRAC = 24  # activations and gradients: Q.24
 W_FRAC = 20  # master weights: Q.20
-E2M1, E4M3 = 0, 3
+E2M1, E4M3 = FORMATS["e2m1"], FORMATS["e4m3"]
+RULE_OCP, RULE_ROUND_UP = 0, 1  # kernels.quantize_fx's scale rules
 SITU_BETA, SITU_BETA_LIN = 4, 25
 
 

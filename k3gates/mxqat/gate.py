@@ -27,7 +27,7 @@ TOKENS, LATENT, HIDDEN = 256, 64, 128  # one expert at toy size: z [256, 64], w1
 # w1 at K3's size: expert width 3072 x latent 3584 (K3-SPEC.md, "K3 as released")
 K3_EXPERT = (3072, 3584)
 K3_TOKENS = 8
-RULES = {0: "ocp", 1: "round-up"}
+RULES = {X.RULE_OCP: "ocp", X.RULE_ROUND_UP: "round-up"}
 STAGES = ("g", "u", "situ", "y", "da", "dgdu", "dz", "dw1", "dw3", "dw2")
 
 
@@ -197,8 +197,8 @@ def _packed(ctx: GateContext, k: X.Kernels, rng: np.random.Generator) -> float:
     rows, kk = K3_EXPERT
     w = np.round(rng.normal(0, kk**-0.5, (rows, kk)) * 2**X.W_FRAC).astype(np.int64)
     a = np.round(rng.normal(0, 1, (K3_TOKENS, kk)) * 2**X.FRAC).astype(np.int64)
-    wq = k.quantize(w, X.W_FRAC, X.E2M1, 1)
-    aq = k.quantize(a, X.FRAC, X.E4M3, 1)
+    wq = k.quantize(w, X.W_FRAC, X.E2M1, X.RULE_ROUND_UP)
+    aq = k.quantize(a, X.FRAC, X.E4M3, X.RULE_ROUND_UP)
     packed, scales = k.pack(wq)
     bits = 8 * (packed.nbytes + scales.nbytes) / w.size
     fake = k.matmul(aq, wq)
@@ -224,7 +224,7 @@ def _compiled(ctx: GateContext, rng: np.random.Generator) -> None:
     x = rng.integers(-(1 << 24), 1 << 24, (3, 64))
     x[1, :32] = 0  # an all-zero block
     x[2, 5] = 7 << 20  # a block whose amax passes E2M1's max under OCP
-    for rule in (0, 1):
+    for rule in RULES:
         check_compiled(ctx, f"compiled_quantize_{RULES[rule]}", "quantize_fx", x, 20, 0, rule,
                        inputs="3 rows of 64 Q.20 values, an all-zero block and one over max",
                        modname=mod)  # fmt: skip
@@ -446,7 +446,7 @@ def _export(k: X.Kernels, params: dict) -> dict[str, tuple]:
     out = {}
     for name in _expert_names(params):
         w = params[name]
-        q = k.quantize(w.reshape(-1, w.shape[2]), X.W_FRAC, X.E2M1, 1)
+        q = k.quantize(w.reshape(-1, w.shape[2]), X.W_FRAC, X.E2M1, X.RULE_ROUND_UP)
         packed, scales = k.pack(q)
         out[name] = (packed, scales, w.shape)
     return out
