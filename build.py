@@ -12,6 +12,7 @@ BuildError naming the file and the reason; the previous `public/` is then left a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gzip
@@ -29,6 +30,7 @@ import threading
 import time
 import tomllib
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -82,6 +84,7 @@ class Settings:
     record: bool = False  # append this build's census to site_src/history.jsonl (clean tree only)
     watch: bool = False  # rebuild whenever k3gates/, site_src/ or templates/ change
     building_page: bool = False  # publish a live progress page until the site exists (serve's)
+    runner: str = "local"  # where gates run: this machine, "dask" (a LocalCluster) or tcp://…
 
 
 def parse_args(argv: list[str] | None) -> Settings:
@@ -114,7 +117,18 @@ def parse_args(argv: list[str] | None) -> Settings:
         action="store_true",
         help="while no site is published, publish a live progress page (python -m serve does)",
     )
+    p.add_argument(
+        "--runner",
+        default=Settings.runner,
+        metavar="local|dask|tcp://HOST:PORT",
+        help="run the gates here (default), on a Dask LocalCluster, or on a Dask scheduler "
+        "(needs pip install -e '.[cluster]')",
+    )
     a = p.parse_args(argv)
+    if a.runner not in {"local", "dask"} and "://" not in a.runner:
+        p.error(
+            f"--runner {a.runner!r}: expected local, dask or a scheduler address tcp://HOST:PORT"
+        )
     return Settings(
         content=a.content.resolve(),
         templates=a.templates.resolve(),
@@ -127,6 +141,7 @@ def parse_args(argv: list[str] | None) -> Settings:
         record=a.record,
         watch=a.watch,
         building_page=a.building_page,
+        runner=a.runner,
     )
 
 
@@ -721,9 +736,15 @@ def run_gates(gates: list[GateSite], s: Settings, progress: Progress) -> list[di
         shown[site.id] = result["status"]
         progress.finish(site.id, line)
 
-    raw = runner.run_gates(
-        gates, jobs=s.jobs, reuse=not s.rerun, only=set(s.only) or None, on_event=on_event
-    )
+    with gate_pool(s) as pool:
+        raw = runner.run_gates(
+            gates,
+            jobs=s.jobs,
+            reuse=not s.rerun,
+            only=set(s.only) or None,
+            on_event=on_event,
+            pool=pool,
+        )
     results = runner.apply_requirements(raw)
     for r in results:  # verdicts that changed once the foundations gates were known
         if shown.get(r["id"]) != r["status"]:
@@ -731,6 +752,22 @@ def run_gates(gates: list[GateSite], s: Settings, progress: Progress) -> list[di
                 f"gate: {r['id']:<22} {r['status']:<13} (after foundations): {_first_failure(r)}"
             )
     return results
+
+
+@contextlib.contextmanager
+def gate_pool(s: Settings) -> Iterator[runner.GatePool | None]:
+    """None for the local runner (the default); a Dask cluster's pool for --runner."""
+    if s.runner == "local":
+        yield None
+        return
+    from k3gates import cluster  # distributed is an optional extra: imported only when asked
+
+    try:
+        pool = cluster.DaskPool(s.runner, jobs=s.jobs, packages=s.packages)
+    except cluster.ClusterError as e:
+        raise BuildError(f"--runner {s.runner}: {e}") from e
+    with pool:
+        yield pool
 
 
 def _first_failure(r: dict[str, Any]) -> str:

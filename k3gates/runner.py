@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from . import compile as kcompile
 from . import faults
@@ -82,16 +82,22 @@ def run_gates(
     reuse: bool = True,
     only: set[str] | None = None,
     on_event: Callable[[str, GateSite, dict | None], None] | None = None,
+    pool: GatePool | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every gate; results come back in the order of `sites`.
 
     With `only`, just those gates run; every other gate is reused when it can be and otherwise
     reported as "skipped" (not run, so not passing). The caller applies `apply_requirements` once
-    it has every result it will publish.
+    it has every result it will publish. `pool` says where gates run: this machine, `jobs` at a
+    time, unless another pool (a Dask cluster, `k3gates.cluster`) is given.
     """
     lock = threading.Lock()
-    slots = _Slots(max(1, jobs))
-    cores = os.cpu_count() or 1
+    pool = pool or LocalPool(jobs)
+
+    def started(site: GateSite) -> None:
+        if on_event:
+            with lock:
+                on_event("start", site, None)
 
     def one(site: GateSite) -> dict[str, Any]:
         forced = only is not None and site.id in only
@@ -104,12 +110,7 @@ def run_gates(
             )
             result.update(ran=False, seconds=0.0)
         else:
-            with slots.held(site.exclusive):
-                if on_event:
-                    with lock:
-                        on_event("start", site, None)
-                threads = cores if site.exclusive else max(1, cores // max(1, jobs))
-                result = _run_one(site, threads=threads)
+            result = pool.run(site, lambda: started(site))
             result["ran"] = True
             if result["status"] in REUSABLE:
                 _store(result)
@@ -118,8 +119,36 @@ def run_gates(
                 on_event("done", site, result)
         return result
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, sites))
+    with ThreadPoolExecutor(max_workers=pool.width) as threads:
+        return list(threads.map(one, sites))
+
+
+class GatePool(Protocol):
+    """Where gates run. `run` runs one gate to a result (a failure is a result too) and calls
+    `started` when the gate actually starts; `width` is how many gates may be in flight."""
+
+    width: int
+
+    def run(self, site: GateSite, started: Callable[[], None]) -> dict[str, Any]: ...
+
+
+class LocalPool:
+    """The default pool: each gate a subprocess on this machine, `jobs` at a time."""
+
+    def __init__(self, jobs: int) -> None:
+        self.width = max(1, jobs)
+        self.slots = _Slots(self.width)
+
+    def run(self, site: GateSite, started: Callable[[], None]) -> dict[str, Any]:
+        with self.slots.held(site.exclusive):
+            started()
+            return _run_one(site, threads=gate_threads(site.exclusive, self.width))
+
+
+def gate_threads(exclusive: bool, slots: int) -> int:
+    """OpenMP threads for a gate: every core for an exclusive gate, else its share of them."""
+    cores = os.cpu_count() or 1
+    return cores if exclusive else max(1, cores // max(1, slots))
 
 
 class _Slots:
@@ -254,6 +283,7 @@ def _run_one(
         start = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "k3gates.runner", str(job)],
+            cwd=site.root,  # `-m` puts the cwd first on sys.path: the gate's own checkout
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh machine of this kind (Debian 12, CPython 3.11):
-# Debian packages, this project with its [test] extra, and sslyze in a venv of its own (it pins an
-# older `cryptography` than the project uses). Idempotent; safe to run again.
+# Debian packages, this project with its [test] and [cluster] extras, and sslyze in a venv of its
+# own (it pins an older `cryptography` than the project uses). Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -21,7 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-python -m pip install -q -e '.[test]'
+python -m pip install -q -e '.[test,cluster]'
 SSLYZE_VENV="${K3_SSLYZE_VENV:-$HOME/.cache/k3gates/sslyze-venv}"
 if [ ! -x "$SSLYZE_VENV/bin/sslyze" ]; then
     python -m venv "$SSLYZE_VENV"

@@ -1,0 +1,295 @@
+"""Gates on a Dask cluster: `python build.py --runner dask` or `--runner tcp://HOST:PORT`.
+
+Each gate is one Dask task. Its worker does what the local runner does on this machine: it runs
+the gate in its own `python -m k3gates.runner` subprocess, with the gate's timeout and OpenMP
+threads (`runner._run_one`), so a hang or a crash becomes a failed gate with its reason.
+
+What a worker runs is this checkout, not whatever the worker has on disk. The gate packages (and
+k3gates itself) ship as one content-addressed tree, written once per worker under the cache, and
+kernels compile there through the same content-hash cache (`compile.ensure`). Paths in a result
+are mapped back to this checkout, so the result is the one the local runner would have written,
+digests included, and the runner stores and reuses it the same way.
+
+A worker that dies mid-gate fails the gate; it is never retried into a pass. A local cluster's
+scheduler allows no failures (it raises KilledWorker). An existing scheduler may retry the task
+on another worker, so the task marks its first start with a Dask Event and refuses a second one.
+
+This module runs in the build process (`DaskPool`) and in Dask workers (`_gate_task`); gate
+processes never import it, so it is not part of any gate's code hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import compile as kcompile
+from . import runner
+from .discover import GatePackage, GateSite, kernel_modules
+
+LOCAL = "dask"  # --runner dask: a LocalCluster on this machine, one worker with `jobs` slots
+SLOTS = "slots"  # the worker resource a gate takes: 1, or a whole worker's for an exclusive gate
+CONNECT_TIMEOUT_S = 20
+WORKERS_TIMEOUT_S = 60  # how long to wait for a worker with slots to join the scheduler
+TREE_DIR = "trees"  # under the cache: one folder per shipped source tree, named by its hash
+TREE_MAX_AGE_S = 7 * 24 * 3600  # unused trees are removed after a week
+SKIP_PARTS = {"__pycache__", ".pytest_cache"}
+PACKAGE = Path(__file__).resolve().parent  # k3gates itself: every gate process imports it
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot run gates: `distributed` missing, the scheduler unreachable, or no
+    worker offering slots. The message says what to do."""
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError as e:
+        raise ClusterError(
+            "the Dask runner needs the optional extra: pip install -e '.[cluster]'"
+        ) from e
+    return distributed
+
+
+# -- build side ----------------------------------------------------------------------------------
+class DaskPool:
+    """A `runner.GatePool` whose gates run as tasks on a Dask cluster.
+
+    `address` is "dask" for a LocalCluster (one worker with `jobs` slots) or a scheduler's
+    address. `packages` are the gate package folders the build discovered."""
+
+    def __init__(self, address: str, *, jobs: int, packages: Iterable[Path]) -> None:
+        d = _distributed()
+        import dask
+
+        self.cluster = None
+        if address == LOCAL:
+            # no retries: a worker that dies mid-gate fails the gate (KilledWorker)
+            with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+                self.cluster = d.LocalCluster(
+                    n_workers=1,
+                    threads_per_worker=max(1, jobs),
+                    processes=True,
+                    resources={SLOTS: max(1, jobs)},
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
+                )
+            address = self.cluster.scheduler_address
+        try:
+            self.client = d.Client(address, timeout=CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as e:
+            self.close()
+            raise ClusterError(f"cannot reach the Dask scheduler at {address}: {e}") from e
+        try:
+            slots = _worker_slots(self.client)
+        except ClusterError:
+            self.close()
+            raise
+        self.width = sum(slots)  # gates in flight: as many as the cluster has slots
+        self.exclusive_slots = min(slots)  # a whole worker, on every worker
+        self.homes = {p.name: p.resolve() for p in [PACKAGE, *packages]}
+        tree = source_tree(self.homes.values())
+        self.tree_key = tree_key(tree)
+        # held by the scheduler, not scattered to a worker: a worker's death must not lose it
+        self.tree = d.Variable(f"k3gates-tree-{self.tree_key}", client=self.client)
+        self.tree.set(tree)
+        self._events, self._killed = d.Event, d.KilledWorker
+
+    def run(self, site: GateSite, started: Callable[[], None]) -> dict[str, Any]:
+        key = f"gate-{site.id}-{uuid.uuid4().hex[:12]}"
+        rel = site.file.resolve().relative_to(site.root.resolve())
+        start = time.perf_counter()
+        future = self.client.submit(
+            _gate_task,
+            replace(site, root=Path("."), file=rel),
+            self.tree_key,
+            self.tree.name,
+            key,
+            key=key,
+            resources={SLOTS: self.exclusive_slots if site.exclusive else 1},
+            priority=int(site.exclusive),  # like the local runner: exclusive gates go first
+            pure=False,
+        )
+        began = self._events(key, client=self.client)
+        while not future.done() and not began.wait(timeout=0.5):
+            pass
+        started()
+        try:
+            out = future.result()
+        except self._killed as e:
+            out = {"died": f"{type(e).__name__}: {e}"}
+        except Exception as e:  # a lost scheduler, a cancelled task, a task that raised
+            out = {"lost": f"{type(e).__name__}: {e}"}
+        finally:
+            began.clear()
+        if "result" not in out:
+            if out.get("retried"):
+                why = (
+                    "its Dask worker died while running it, and the scheduler started it again "
+                    "on another worker; a gate is never retried into a pass"
+                )
+            elif "died" in out:
+                why = f"its Dask worker died while running it ({out['died'][:300]}); not retried"
+            else:
+                why = f"the Dask task did not return a result: {out['lost'][:300]}"
+            return {
+                **runner._failure(site, "crashed", why),
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+        return self._mapped(site, Path(out["root"]), out["result"])
+
+    def _mapped(self, site: GateSite, there: Path, result: dict[str, Any]) -> dict[str, Any]:
+        """The worker's result with its tree's paths mapped to this checkout, and only the
+        sources the local runner would have hashed (those under the gate's root)."""
+        pairs = [(f"{there / name}", str(home)) for name, home in self.homes.items()]
+        result = _relocated(result, pairs)
+        root = site.root.resolve()
+        result["deps"] = {
+            f: h for f, h in result.get("deps", {}).items() if Path(f).is_relative_to(root)
+        }
+        result["file"], result["line"] = str(site.file), site.line
+        return result
+
+    def close(self) -> None:
+        if getattr(self, "tree", None) is not None:
+            self.tree.delete()
+        for thing in (getattr(self, "client", None), self.cluster):
+            if thing is not None:
+                thing.close()
+
+    def __enter__(self) -> DaskPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _worker_slots(client: Any) -> list[int]:
+    """Each worker's slots; waits a while for the first worker to join."""
+    deadline = time.monotonic() + WORKERS_TIMEOUT_S
+    while True:
+        workers = client.scheduler_info()["workers"].values()
+        slots = [int(w.get("resources", {}).get(SLOTS, 0)) for w in workers]
+        if any(slots):
+            return [s for s in slots if s]
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"no Dask worker with the '{SLOTS}' resource joined within {WORKERS_TIMEOUT_S} s; "
+                f"start one per machine: dask worker tcp://SCHEDULER:8786 --nthreads N "
+                f"--resources {SLOTS}=N (N = its cores)"
+            )
+        time.sleep(0.5)
+
+
+def source_tree(folders: Iterable[Path]) -> dict[str, bytes]:
+    """Every file of each package folder, keyed `package/relative/path`."""
+    tree = {}
+    for folder in folders:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file() and not SKIP_PARTS & set(f.parts) and f.suffix not in {".pyc", ".so"}:
+                tree[f"{folder.name}/{f.relative_to(folder).as_posix()}"] = f.read_bytes()
+    return tree
+
+
+def tree_key(tree: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(tree):
+        h.update(f"{rel}\0{hashlib.sha256(tree[rel]).hexdigest()}\0".encode())
+    return h.hexdigest()[:24]
+
+
+def _relocated(value: Any, pairs: list[tuple[str, str]]) -> Any:
+    """`value` with every path prefix `there` replaced by `home`, in keys and values."""
+    if isinstance(value, str):
+        for there, home in pairs:
+            value = value.replace(there, home)
+        return value
+    if isinstance(value, dict):
+        return {_relocated(k, pairs): _relocated(v, pairs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocated(v, pairs) for v in value]
+    return value
+
+
+# -- worker side (inside a Dask worker) ----------------------------------------------------------
+_tree_lock = threading.Lock()
+
+
+def _gate_task(site: GateSite, key: str, tree: str, event: str) -> dict[str, Any]:
+    from distributed import Event, Variable, get_worker
+
+    began = Event(event)
+    if began.is_set():  # a second start: the worker that ran it first died
+        return {"retried": True}
+    began.set()
+    root = materialise(key, lambda: Variable(tree).get())
+    site = replace(site, root=root, file=root / site.file)
+    _compile(site, root)
+    slots = int(get_worker().state.total_resources.get(SLOTS, 1))
+    threads = runner.gate_threads(site.exclusive, slots)
+    return {"root": str(root), "result": runner._run_one(site, threads=threads)}
+
+
+def materialise(key: str, fetch: Callable[[], dict[str, bytes]]) -> Path:
+    """The tree as files under the cache, fetched and written once (atomically) per machine."""
+    trees = kcompile.cache_root() / TREE_DIR
+    final = trees / key
+    with _tree_lock:
+        if not final.is_dir():
+            trees.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix=".tmp-", dir=trees))
+            for rel, data in fetch().items():
+                (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / rel).write_bytes(data)
+            try:
+                os.rename(scratch, final)
+            except OSError:  # another worker process on this machine wrote it first
+                shutil.rmtree(scratch, ignore_errors=True)
+            _prune(trees, keep=final)
+        os.utime(final)
+    return final
+
+
+def _prune(trees: Path, keep: Path) -> None:
+    cutoff = time.time() - TREE_MAX_AGE_S
+    for old in trees.iterdir():
+        if old != keep and not old.name.startswith(".") and old.stat().st_mtime < cutoff:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _compile(site: GateSite, root: Path) -> None:
+    """Compile the gate's kernels into this machine's cache, in a subprocess that imports the
+    shipped tree. A failure is left for the gate's own process to report (compile-error)."""
+    modules = list(site.kernels) if site.kernels is not None else _all_kernels(root)
+    if not modules:
+        return
+    code = "import sys\nfrom k3gates import compile as c\nfor m in sys.argv[1:]:\n    c.ensure(m)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path[1:]])}
+    env.pop(kcompile.NO_COMPILE_ENV, None)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(
+            [sys.executable, "-c", code, *modules],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            timeout=kcompile.COMPILE_TIMEOUT_S * len(modules),
+        )
+
+
+def _all_kernels(root: Path) -> list[str]:
+    """Every kernels module in the tree (a gate that names its kernels only at run time)."""
+    return kernel_modules([GatePackage(p) for p in sorted(root.iterdir()) if p.is_dir()])

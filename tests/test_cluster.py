@@ -1,0 +1,179 @@
+"""The Dask runner (issue 19, item 3): gates sent to a Dask cluster give the local runner's results,
+digests included, and a hung, crashed or lost gate is a failed gate with its reason, never a pass.
+
+Every cluster here is a LocalCluster on this machine (tests never reach the network); one of them
+is used through its scheduler's address, as `--runner tcp://HOST:PORT` would use a remote one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import distributed
+import pytest
+from conftest import FIXTURE_GATES, ROOT, run_build
+
+from k3gates import cluster, runner
+from k3gates import compile as kcompile
+from k3gates.discover import GatePackage, discover_gates
+from k3gates.faultsuite import code_hash
+
+TIMED = re.compile(r"(_s|seconds|speed_ratio)$")
+CLUSTER_GATES = ROOT / "tests" / "fixtures" / "cluster_gates"
+ARMED_ENV = "K3_TEST_KILL_DASK_WORKER"
+# fast real gates with compiled kernels and digested checks, and every kind of broken gate
+REAL = ["mxfp_quantize", "k3block_schedule", "attnres_grad"]
+BROKEN = [
+    "fixture_raises",
+    "fixture_hangs",
+    "fixture_kills",
+    "fixture_badcompile",
+    "fixture_floaty",
+]
+
+
+@pytest.fixture(scope="module")
+def env(session_cache: Path):
+    """The session's cache for this process and for every Dask worker it starts (they inherit
+    the environment), and the fixture packages importable here, as build.py arranges."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("K3GATES_CACHE", str(session_cache))
+        mp.delenv(ARMED_ENV, raising=False)
+        mp.syspath_prepend(str(FIXTURE_GATES.parent))
+        mp.syspath_prepend(str(CLUSTER_GATES.parent))
+        yield mp
+
+
+def _sites(ids: list[str]) -> list:
+    packages = [GatePackage(ROOT / "k3gates"), GatePackage(FIXTURE_GATES)]
+    packages.append(GatePackage(CLUSTER_GATES))
+    by_id = {s.id: s for s in discover_gates(packages)}
+    return [by_id[i] for i in ids]
+
+
+@pytest.fixture(scope="module")
+def both(env) -> tuple[dict, dict]:
+    """The same gates on the local runner and on `--runner dask`, nothing reused."""
+    sites = _sites(REAL + BROKEN)
+    for m in sorted({m for s in sites for m in s.kernels or ()}):
+        kcompile.ensure(m)  # what build.py's compile step does before the local runner
+    local = runner.run_gates(sites, jobs=2, reuse=False)
+    with cluster.DaskPool("dask", jobs=2, packages=[FIXTURE_GATES]) as pool:
+        assert (pool.width, pool.exclusive_slots) == (2, 2)
+        on_dask = runner.run_gates(sites, jobs=2, reuse=False, pool=pool)
+    return {r["id"]: r for r in local}, {r["id"]: r for r in on_dask}
+
+
+def _verdict(r: dict) -> dict:
+    """Everything a result says about the code, apart from when and how long it ran."""
+    checks = [
+        (c["name"], c["kind"], c["passed"], c["bound"], c["measured"], c["digests"], _untimed(c))
+        for c in r["checks"]
+    ]
+    keep = ("status", "passed", "file", "line", "kernel_keys", "deps", "toolchain", "artifacts")
+    error = (r.get("error") or "").splitlines()[:1]
+    return {**{k: r.get(k) for k in keep}, "checks": checks, "error": error}
+
+
+def _untimed(check: dict) -> dict:
+    """A check's values without its wall-clock measurements (compiled_s, speed_ratio, ...)."""
+    return {k: v for k, v in check["values"].items() if not TIMED.search(k)}
+
+
+@pytest.mark.parametrize("gate_id", REAL + BROKEN)
+def test_a_gate_on_dask_gives_the_local_runners_result(both, gate_id):
+    local, on_dask = both
+    mine, theirs = _verdict(on_dask[gate_id]), _verdict(local[gate_id])
+    for a, b in zip(mine.pop("checks"), theirs.pop("checks"), strict=True):
+        assert a == b
+    assert mine == theirs
+    assert code_hash(on_dask[gate_id]) == code_hash(local[gate_id])
+
+
+def test_the_comparison_can_fail(both):
+    """The real gates pass and digest their checks, so a changed digest would show above."""
+    local, on_dask = both
+    for gate_id in REAL:
+        assert on_dask[gate_id]["passed"]
+        assert any(c["digests"] for c in on_dask[gate_id]["checks"])
+        changed = {**on_dask[gate_id], "checks": [dict(c) for c in on_dask[gate_id]["checks"]]}
+        digested = next(c for c in changed["checks"] if c["digests"])
+        digested["digests"] = {k: "0" * len(v) for k, v in digested["digests"].items()}
+        assert _verdict(changed) != _verdict(local[gate_id])
+
+
+def test_broken_gates_fail_on_dask_with_the_local_reasons(both):
+    _, on_dask = both
+    assert on_dask["fixture_hangs"]["status"] == "timeout"
+    assert "did not finish within its 3 s timeout" in on_dask["fixture_hangs"]["error"]
+    assert on_dask["fixture_kills"]["status"] == "crashed"
+    assert "SIGKILL" in on_dask["fixture_kills"]["error"]
+    assert on_dask["fixture_badcompile"]["status"] == "compile-error"
+    assert not any(on_dask[g]["passed"] for g in BROKEN)
+
+
+def test_no_worker_path_leaks_into_a_result(both):
+    """The worker ran a copy of this checkout under the cache; results name this checkout."""
+    _, on_dask = both
+    trees = str(kcompile.cache_root() / cluster.TREE_DIR)
+    for r in on_dask.values():
+        assert trees not in repr({k: v for k, v in r.items() if k != "log"})
+    assert all(Path(f).is_file() for r in on_dask.values() for f in r["deps"])
+
+
+def _armed(env) -> None:
+    env.setenv(ARMED_ENV, "1")  # before the cluster starts, so its workers inherit it
+
+
+def test_a_worker_that_dies_mid_gate_fails_the_gate(env):
+    """--runner dask: its scheduler allows no retry, so the lost worker is a crashed gate."""
+    _armed(env)
+    try:
+        with cluster.DaskPool("dask", jobs=2, packages=[CLUSTER_GATES]) as pool:
+            (r,) = runner.run_gates(_sites(["fixture_worker_dies"]), reuse=False, pool=pool)
+    finally:
+        env.delenv(ARMED_ENV)
+    assert r["status"] == "crashed" and not r["passed"]
+    assert "its Dask worker died while running it (KilledWorker" in r["error"]
+
+
+def test_a_scheduler_that_retries_does_not_turn_a_lost_gate_into_a_pass(env):
+    """--runner tcp://…: an existing scheduler (default config) retries the task on a fresh
+    worker; the task sees it already started, and the gate fails. The cluster still runs the
+    next gate."""
+    _armed(env)
+    try:
+        with distributed.LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            processes=True,
+            resources={cluster.SLOTS: 2},
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+        ) as lc:
+            assert lc.scheduler.allowed_failures > 0  # it would retry
+            with cluster.DaskPool(lc.scheduler_address, jobs=2, packages=[CLUSTER_GATES]) as pool:
+                (dies,) = runner.run_gates(_sites(["fixture_worker_dies"]), reuse=False, pool=pool)
+                (after,) = runner.run_gates(_sites(["mxfp_decode"]), reuse=False, pool=pool)
+    finally:
+        env.delenv(ARMED_ENV)
+    assert dies["status"] == "crashed" and not dies["passed"]
+    assert "started it again on another worker" in dies["error"]
+    assert after["passed"], after.get("error")
+
+
+def test_the_build_takes_the_runner_and_names_an_unreachable_scheduler(tmp_path, session_cache):
+    out = tmp_path / "public"
+    ok = run_build(out, "--runner", "dask", "--only", "mxfp_decode", "--rerun", cache=session_cache)
+    assert ok.returncode == 0, ok.stderr
+    row = next(g for g in ok.census["gates"] if g["id"] == "mxfp_decode")
+    assert row["passed"] and row["ran"]
+    before = os.readlink(out)
+    bad = run_build(
+        out, "--runner", "tcp://127.0.0.1:9", "--only", "mxfp_decode", cache=session_cache
+    )
+    assert bad.returncode == 1
+    assert "--runner tcp://127.0.0.1:9: cannot reach the Dask scheduler" in bad.stderr
+    assert os.readlink(out) == before  # the published site is left as it was
