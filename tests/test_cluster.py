@@ -1,8 +1,9 @@
 """The Dask runner (issue 19, item 3): gates sent to a Dask cluster give the local runner's results,
 digests included, and a hung, crashed or lost gate is a failed gate with its reason, never a pass.
 
-Every cluster here is a LocalCluster on this machine (tests never reach the network); one of them
-is used through its scheduler's address, as `--runner tcp://HOST:PORT` would use a remote one."""
+Every cluster here is a LocalCluster on this machine (tests never reach the network). Two of them
+have two worker processes and are used through the scheduler's address, as `--runner tcp://…`
+would use a remote one; the others are the one `--runner dask` starts."""
 
 from __future__ import annotations
 
@@ -53,15 +54,31 @@ def _sites(ids: list[str]) -> list:
     return [by_id[i] for i in ids]
 
 
+def _two_workers() -> distributed.LocalCluster:
+    """Two worker processes of one slot each, with the scheduler's default config (it retries
+    a task whose worker died), used through its address as `--runner tcp://…` would."""
+    return distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        resources={cluster.SLOTS: 1},
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    )
+
+
 @pytest.fixture(scope="module")
 def both(env) -> tuple[dict, dict]:
-    """The same gates on the local runner and on `--runner dask`, nothing reused."""
+    """The same gates on the local runner and on a 2-worker cluster, nothing reused."""
     sites = _sites(REAL + BROKEN)
     for m in sorted({m for s in sites for m in s.kernels or ()}):
         kcompile.ensure(m)  # what build.py's compile step does before the local runner
     local = runner.run_gates(sites, jobs=2, reuse=False)
-    with cluster.DaskPool("dask", jobs=2, packages=[FIXTURE_GATES]) as pool:
-        assert (pool.width, pool.exclusive_slots) == (2, 2)
+    with (
+        _two_workers() as lc,
+        cluster.DaskPool(lc.scheduler_address, jobs=2, packages=[FIXTURE_GATES]) as pool,
+    ):
+        assert (pool.width, pool.exclusive_slots) == (2, 1)
         on_dask = runner.run_gates(sites, jobs=2, reuse=False, pool=pool)
     return {r["id"]: r for r in local}, {r["id"]: r for r in on_dask}
 
@@ -132,6 +149,7 @@ def test_a_worker_that_dies_mid_gate_fails_the_gate(env):
     _armed(env)
     try:
         with cluster.DaskPool("dask", jobs=2, packages=[CLUSTER_GATES]) as pool:
+            assert (pool.width, pool.exclusive_slots) == (2, 2)  # one worker, every core
             (r,) = runner.run_gates(_sites(["fixture_worker_dies"]), reuse=False, pool=pool)
     finally:
         env.delenv(ARMED_ENV)
@@ -145,14 +163,7 @@ def test_a_scheduler_that_retries_does_not_turn_a_lost_gate_into_a_pass(env):
     next gate."""
     _armed(env)
     try:
-        with distributed.LocalCluster(
-            n_workers=1,
-            threads_per_worker=2,
-            processes=True,
-            resources={cluster.SLOTS: 2},
-            dashboard_address=None,
-            silence_logs=logging.ERROR,
-        ) as lc:
+        with _two_workers() as lc:
             assert lc.scheduler.allowed_failures > 0  # it would retry
             with cluster.DaskPool(lc.scheduler_address, jobs=2, packages=[CLUSTER_GATES]) as pool:
                 (dies,) = runner.run_gates(_sites(["fixture_worker_dies"]), reuse=False, pool=pool)
