@@ -48,6 +48,11 @@ TREE_DIR = "trees"  # under the cache: one folder per shipped source tree, named
 TREE_MAX_AGE_S = 7 * 24 * 3600  # unused trees are removed after a week
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 PACKAGE = Path(__file__).resolve().parent  # k3gates itself: every gate process imports it
+# distributed's Nanny sets these to 1 for its worker processes (its pre-spawn environ), in the
+# process that starts it too. A gate process must see the build's values, as the local runner's
+# do: a float64 twin's BLAS on another thread count sums in another order, and its losses differ
+# in the last digits.
+NANNY_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 class ClusterError(RuntimeError):
@@ -76,10 +81,16 @@ class DaskPool:
         d = _distributed()
         import dask
 
+        self.build_env = {name: os.environ.get(name) for name in NANNY_ENV}
         self.cluster = None
         if address == LOCAL:
-            # no retries: a worker that dies mid-gate fails the gate (KilledWorker)
-            with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+            # no retries: a worker that dies mid-gate fails the gate (KilledWorker); and no
+            # pre-spawn environ, which would also land in this process's own
+            settings = {
+                "distributed.scheduler.allowed-failures": 0,
+                "distributed.nanny.pre-spawn-environ": {},
+            }
+            with dask.config.set(settings):
                 self.cluster = d.LocalCluster(
                     n_workers=1,
                     threads_per_worker=max(1, jobs),
@@ -119,6 +130,7 @@ class DaskPool:
             self.tree_key,
             self.tree.name,
             key,
+            self.build_env,
             key=key,
             resources={SLOTS: self.exclusive_slots if site.exclusive else 1},
             priority=int(site.exclusive),  # like the local runner: exclusive gates go first
@@ -229,13 +241,20 @@ def _relocated(value: Any, pairs: list[tuple[str, str]]) -> Any:
 _tree_lock = threading.Lock()
 
 
-def _gate_task(site: GateSite, key: str, tree: str, event: str) -> dict[str, Any]:
+def _gate_task(
+    site: GateSite, key: str, tree: str, event: str, build_env: dict[str, str | None]
+) -> dict[str, Any]:
     from distributed import Event, Variable, get_worker
 
     began = Event(event)
     if began.is_set():  # a second start: the worker that ran it first died
         return {"retried": True}
     began.set()
+    for name, value in build_env.items():  # the gate process inherits this process's environ
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     root = materialise(key, lambda: Variable(tree).get())
     site = replace(site, root=root, file=root / site.file)
     _compile(site, root)

@@ -28,6 +28,8 @@ CLUSTER_GATES = ROOT / "tests" / "fixtures" / "cluster_gates"
 ARMED_ENV = "K3_TEST_KILL_DASK_WORKER"
 # fast real gates with compiled kernels and digested checks, and every kind of broken gate
 REAL = ["mxfp_quantize", "k3block_schedule", "attnres_grad"]
+# the environment a gate process sees: the Nanny's OPENBLAS_NUM_THREADS=1 must not leak into it
+ENV = ["fixture_env"]
 BROKEN = [
     "fixture_raises",
     "fixture_hangs",
@@ -57,9 +59,12 @@ def _sites(ids: list[str]) -> list:
 
 
 def _two_workers() -> distributed.LocalCluster:
-    """Two worker processes of one slot each, with the scheduler's default config (it retries
-    a task whose worker died), used through its address as `--runner tcp://…` would."""
-    return distributed.LocalCluster(
+    """Two worker processes of one slot each, with distributed's default config (the scheduler
+    retries a task whose worker died; the Nanny sets OMP/MKL/OPENBLAS_NUM_THREADS=1 for its
+    workers), used through its address as `--runner tcp://…` would. The Nanny also sets them in
+    this process; they are put back, as on a machine whose workers run elsewhere."""
+    before = dict(os.environ)
+    lc = distributed.LocalCluster(
         n_workers=2,
         threads_per_worker=1,
         processes=True,
@@ -67,18 +72,23 @@ def _two_workers() -> distributed.LocalCluster:
         dashboard_address=None,
         silence_logs=logging.ERROR,
     )
+    os.environ.clear()
+    os.environ.update(before)
+    return lc
 
 
 @pytest.fixture(scope="module")
 def both(env) -> tuple[dict, dict]:
     """The same gates on the local runner and on a 2-worker cluster, nothing reused."""
-    sites = _sites(REAL + BROKEN)
+    sites = _sites(REAL + BROKEN + ENV)
     for m in sorted({m for s in sites for m in s.kernels or ()}):
         kcompile.ensure(m)  # what build.py's compile step does before the local runner
     local = runner.run_gates(sites, jobs=2, reuse=False)
     with (
         _two_workers() as lc,
-        cluster.DaskPool(lc.scheduler_address, jobs=2, packages=[FIXTURE_GATES]) as pool,
+        cluster.DaskPool(
+            lc.scheduler_address, jobs=2, packages=[FIXTURE_GATES, CLUSTER_GATES]
+        ) as pool,
     ):
         assert (pool.width, pool.exclusive_slots) == (2, 1)
         on_dask = runner.run_gates(sites, jobs=2, reuse=False, pool=pool)
@@ -101,7 +111,7 @@ def _untimed(check: dict) -> dict:
     return {k: v for k, v in check["values"].items() if not TIMED.search(k)}
 
 
-@pytest.mark.parametrize("gate_id", REAL + BROKEN)
+@pytest.mark.parametrize("gate_id", REAL + BROKEN + ENV)
 def test_a_gate_on_dask_gives_the_local_runners_result(both, gate_id):
     local, on_dask = both
     mine, theirs = _verdict(on_dask[gate_id]), _verdict(local[gate_id])
