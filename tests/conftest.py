@@ -32,15 +32,10 @@ FIXTURE_GATES = ROOT / "tests" / "fixtures" / "fixture_gates"
 # - passkey_retrieval (issue 15, longctx PROVEN) fails the same tolerance, and its accuracy bar:
 #   two float64 runs 1e-9 apart part by 100x on this task (k3gates/passkey/task.py's training
 #   is chaotic), and it retrieves 85% of the passkeys at its trained length where 95% is asked.
-# - vlm_training (issue 16, multimodal PROVEN) passes its accuracy bars, but its held-out loss
-#   ends 23% above its float64 twin's (step 300). The run is chaotic: two float64 runs whose
-#   initial weights differ by one part in 10^6 end 19% apart at step 300 (one part in 10^9:
-#   3.4% at step 200), and the direction is learnt in a jump whose timing moves with the start.
 HONEST_FAILURES = {
     "muon_training": {"loss_curve"},
     "attnres_training": {"loss_curve"},
     "passkey_retrieval": {"loss_curve", "passkey_accuracy"},
-    "vlm_training": {"loss_curve"},
 }
 
 

@@ -396,7 +396,7 @@ def test_multimodal_page_is_per_public_ports_and_claims_what_its_gates_run(built
     the vision_input, vision_block, vision_backward and vlm_training gates run in this build."""
     text = (INNOVATIONS / "multimodal.md").read_text(encoding="utf-8")
     meta = tomllib.loads(text.split("+++")[1])
-    assert meta["claim"] == "STRONG"  # vlm_training fails its twin curve (tests/conftest.py)
+    assert meta["claim"] == "PROVEN"
     body = text.split("+++")[2]
     assert "not public" not in body
     assert "per public ports" in body
@@ -413,8 +413,8 @@ def test_multimodal_page_is_per_public_ports_and_claims_what_its_gates_run(built
     assert gates["vision_input"]["level"] == "PARTIAL" and gates["vision_block"]["level"] == "HAVE"
     assert gates["vision_backward"]["level"] == "STRONG" and gates["vision_backward"]["passed"]
     assert gates["vlm_training"]["level"] == "PROVEN"
-    assert row["level"] == ("PROVEN" if gates["vlm_training"]["passed"] else "STRONG"), row
-    assert row["claim"] == "STRONG" and not row["killed"], row
+    assert gates["vlm_training"]["passed"] and row["level"] == "PROVEN", row
+    assert row["claim"] == "PROVEN" and not row["killed"], row
     html = (built_site.out / "innovations" / "multimodal" / "index.html").read_text()
     assert "per public ports" in html and "not public" not in html
     assert all(g in html for g in ("vision_input", "vision_block", "vision_backward",
