@@ -126,12 +126,15 @@ def test_watch_runs_build_watch_and_stops_it(tmp_path: Path) -> None:
         "import sys, time, pathlib\npathlib.Path('argv').write_text(' '.join(sys.argv[1:]))\n"
         "time.sleep(600)\n",
     )
+    # only the children this test starts: a test before it may leave its own (multiprocessing's
+    # resource tracker, which a Dask LocalCluster starts, lives as long as this process)
+    before = set(_children(os.getpid()))
     with build_child(project, project / "public", first=False, watch=True):
         deadline = time.monotonic() + 20
         while not (project / "argv").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert (project / "argv").read_text() == "--watch"
-        children = _children(os.getpid())
+        children = [pid for pid in _children(os.getpid()) if pid not in before]
         assert children
     for pid in children:
         assert not _alive(pid), "build.py --watch outlived the server"
