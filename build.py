@@ -63,6 +63,9 @@ COMPRESSIBLE = {".html", ".css", ".js", ".json", ".svg", ".xml", ".txt", ".map"}
 KEEP_OLD_BUILDS = 2  # the current site plus one older, so in-flight requests can finish
 HISTORY_FILE = "history.jsonl"  # under site_src/: one recorded census per line, committed
 DIGESTS_FILE = "digests.jsonl"  # under site_src/: every check's digests per recorded build and CPU
+RUNS_FILE = "recorded_runs.jsonl"  # under site_src/: the --scale gates' recorded runs, committed
+RUN_KEYS = {"gate", "innovation", "commit", "built_at", "cpu", "command", "passed", "summary",
+            "checks", "artifacts"}  # fmt: skip
 SCHEMA_FILE = "census.schema.json"  # under site_src/, published beside census.json
 
 
@@ -85,6 +88,12 @@ class Settings:
     watch: bool = False  # rebuild whenever k3gates/, site_src/ or templates/ change
     building_page: bool = False  # publish a live progress page until the site exists (serve's)
     runner: str = "local"  # where gates run: this machine, "dask" (a LocalCluster) or tcp://…
+    scale: str = "default"  # "k3" adds the gate set at K3's true dimensions (SCALES)
+
+
+# Gate sets beyond the default build, by --scale: each a gate package of its own, so the default
+# packages' gates (and their fault records) are untouched by them.
+SCALES: dict[str, tuple[Path, ...]] = {"default": (), "k3": (ROOT / "scale_k3",)}
 
 
 def parse_args(argv: list[str] | None) -> Settings:
@@ -99,6 +108,12 @@ def parse_args(argv: list[str] | None) -> Settings:
         default=[],
         metavar="PKG",
         help="an extra gate package folder (repeatable)",
+    )
+    p.add_argument(
+        "--scale",
+        choices=sorted(SCALES),
+        default="default",
+        help="k3 adds the gates at K3's true dimensions (scale_k3/: about 20 GB of memory)",
     )
     p.add_argument("--jobs", "-j", type=int, default=Settings.jobs)
     p.add_argument("--rerun", action="store_true", help="run every gate, reuse nothing")
@@ -135,13 +150,14 @@ def parse_args(argv: list[str] | None) -> Settings:
         out=a.out.absolute(),
         jobs=max(1, a.jobs),
         rerun=a.rerun,
-        packages=(*Settings.packages, *(g.resolve() for g in a.gates_from)),
+        packages=(*Settings.packages, *SCALES[a.scale], *(g.resolve() for g in a.gates_from)),
         only=tuple(a.only),
         check=a.check,
         record=a.record,
         watch=a.watch,
         building_page=a.building_page,
         runner=a.runner,
+        scale=a.scale,
     )
 
 
@@ -281,7 +297,10 @@ def build(s: Settings) -> int:
         raise
     progress.close()
     summary(census, pages, laps)
-    status = record_history(census, results, s.content) if s.record else 0
+    status = 0
+    if s.record:  # a --scale build records its own gates' runs, not the default build's history
+        record = record_runs if s.scale != "default" else record_history
+        status = record(census, results, s)
     return max(status, verdict(census, results) if s.check else 0)
 
 
@@ -332,6 +351,7 @@ class Content:
     claims: dict[str, Level] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     digests: list[dict[str, Any]] = field(default_factory=list)  # recorded runs, any CPU
+    runs: list[dict[str, Any]] = field(default_factory=list)  # the --scale gates' recorded runs
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)  # gate id -> fault record
     pages: list[Page] = field(default_factory=list)  # site_src/pages/**.md, e.g. the lesson
     data: dict[str, Any] = field(default_factory=dict)  # site_src/data/*.toml|json
@@ -531,6 +551,7 @@ def load_content(content: Path) -> Content:
         index=read_page(index_file),
         history=load_history(content / HISTORY_FILE),
         digests=load_jsonl(content / DIGESTS_FILE, {"commit", "cpu", "vector", "gates"}),
+        runs=load_jsonl(content / RUNS_FILE, RUN_KEYS),
         faults=faultsuite.load(content / faultsuite.FAULTS_FILE),
         pages=[_extra_page(p) for p in sorted((content / "pages").rglob("*.md"))],
         data=load_data(content / "data"),
@@ -1188,6 +1209,7 @@ def _render_into(stage: Path, s: Settings, content: Content, census: dict[str, A
             page=pg,
             my_gates=mine,
             level_history=levels,
+            recorded=_latest_runs(content.runs, inno),
         )
     sources: dict[Any, Any] = {}
     for g in census["gates"]:
@@ -1378,13 +1400,19 @@ def load_jsonl(path: Path, required: set[str]) -> list[dict[str, Any]]:
     return records
 
 
+def _latest_runs(runs: list[dict[str, Any]], inno: str) -> list[dict[str, Any]]:
+    """The latest recorded run of each --scale gate of this innovation (the file is in order)."""
+    latest = {r["gate"]: r for r in runs if r["innovation"] == inno}
+    return [latest[g] for g in sorted(latest)]
+
+
 def load_history(path: Path) -> list[dict[str, Any]]:
     """The recorded censuses, oldest first, one JSON object per line of `path`."""
     return load_jsonl(path, {"commit", "built_at", "permille", "scores"})
 
 
-def record_history(census: dict[str, Any], results: list[dict[str, Any]], content: Path) -> int:
-    """Append this build's census, if it is a real build of a commit (clean tree)."""
+def _unrecordable(census: dict[str, Any]) -> bool:
+    """True (and says why) unless this is a build of a commit with a clean tree."""
     prov = census["provenance"]
     if prov["git_commit"] == "unknown" or prov["git_dirty"]:
         why = "the tree has uncommitted changes" if prov["git_dirty"] else "no git commit"
@@ -1392,7 +1420,15 @@ def record_history(census: dict[str, Any], results: list[dict[str, Any]], conten
             f"record: not recorded: {why}; records come only from builds of a commit",
             file=sys.stderr,
         )
+        return True
+    return False
+
+
+def record_history(census: dict[str, Any], results: list[dict[str, Any]], s: Settings) -> int:
+    """Append this build's census, if it is a real build of a commit (clean tree)."""
+    if _unrecordable(census):
         return 1
+    content, prov = s.content, census["provenance"]
     path = content / HISTORY_FILE
     history = load_history(path)
     if any(r["commit"] == prov["git_commit"] for r in history):
@@ -1440,6 +1476,33 @@ def record_digests(census: dict[str, Any], results: list[dict[str, Any]], path: 
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")
     log(f"record: appended the digests of {len(rec['gates'])} gates ({prov['cpu']}) to {path}")
+
+
+def record_runs(census: dict[str, Any], results: list[dict[str, Any]], s: Settings) -> int:
+    """Append each gate of the --scale set that ran in this build to site_src/recorded_runs.jsonl.
+    The default build shows the latest run of each on its innovation's page, labelled as a
+    recorded run: these gates are too large for the default build to run."""
+    if _unrecordable(census):
+        return 1
+    prov = census["provenance"]
+    scale_dirs = {p.name for p in SCALES[s.scale]}
+    path = s.content / RUNS_FILE
+    for g in census["gates"]:
+        if Path(g["file"]).parts[0] not in scale_dirs or g["reused_from"]:
+            continue  # not a --scale gate, or its result was reused rather than run here
+        rec = {
+            "gate": g["id"], "innovation": g["innovation"], "level": g["level"],
+            "commit": prov["git_commit"], "built_at": prov["built_at"], "cpu": prov["cpu"],
+            "command": f"python build.py --scale {s.scale} --only {g['id']} --record",
+            "passed": g["passed"], "summary": g["summary"], "seconds": g["seconds"],
+            "checks": [{k: c[k] for k in ("name", "kind", "passed", "bound", "measured", "unit")}
+                       for c in g["checks"] if c["kind"] != "nofloat"],
+            "artifacts": g["artifacts"],
+        }  # fmt: skip
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+        log(f"record: appended the run of {g['id']} at {prov['git_commit'][:12]} to {path}")
+    return 0
 
 
 # -- watch ---------------------------------------------------------------------------------------

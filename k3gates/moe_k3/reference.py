@@ -97,6 +97,17 @@ def forward(
             "rho": rho[:, 0], "e_max": e_max, "l1_ratio": l1_ratio}  # fmt: skip
 
 
+def bound_premises(ref: dict) -> dict[str, bool]:
+    """The declared bounds' premises (layer.py), on the reference's own figures for the sampled
+    tokens. The row L1 is not one: the bounds take it as a parameter (check reads it off)."""
+    return {
+        "z_max": bool(np.abs(ref["z"]).max() < L.Z_MAX),
+        "e_max": bool(ref["e_max"] <= L.E_MAX),
+        "rms_c": bool(ref["rho"].min() >= 1 / L.RHO_MIN_INV),
+        "score_sum": bool(ref["score_sum"].min() >= 1 / L.S_MIN_INV),
+    }
+
+
 def selection_agrees(biased: np.ndarray, idx: np.ndarray) -> tuple[bool, int]:
     """(agrees, near_ties): float64's top k equals the integer's set wherever float64's gap
     between the k-th and (k+1)-th biased score exceeds SELECT_BAND; near-ties are counted."""
@@ -126,12 +137,7 @@ def check(
     y_int = result.y[tokens].astype(np.float64)
     c_ref, y_ref = ref["c"] * 2.0**24, ref["y"] * 2.0**24
     agrees, near = selection_agrees(ref["biased"], result.routing.idx[tokens])
-    premises = {
-        "z_max": bool(np.abs(ref["z"]).max() < L.Z_MAX),
-        "e_max": bool(ref["e_max"] <= L.E_MAX),
-        "rms_c": bool(ref["rho"].min() >= 1 / L.RHO_MIN_INV),
-        "score_sum": bool(ref["score_sum"].min() >= 1 / L.S_MIN_INV),
-    }
+    premises = bound_premises(ref)
     out = {
         "tokens": [int(t) for t in tokens],
         "experts": int(np.unique(result.routing.idx[tokens]).size),
