@@ -44,11 +44,12 @@ def gate_module(monkeypatch) -> ModuleType:
     g = importlib.import_module("scale_k3.moe_layer.gate")
     monkeypatch.setattr(g, "SHAPE", SMALL)
     monkeypatch.setattr(g, "TOKENS", 12)
+    monkeypatch.setattr(g, "ROW_L1", g.row_l1_premise(SMALL))
     return g
 
 
 def _run(g: ModuleType) -> dict[str, bool]:
-    bounds = L.declared_bounds(SMALL)
+    bounds = L.declared_bounds(SMALL, g.ROW_L1)  # the premise at SMALL's reduction length
     spec = dataclasses.replace(REGISTRY["latentmoe_k3_layer"], bounds=dict(bounds))
     ctx = GateContext(spec)
     g.latentmoe_k3_layer(ctx)
@@ -156,3 +157,9 @@ def test_a_malformed_recorded_run_names_its_file_and_line(build, tmp_path: Path)
     run = build(tmp_path / "public", "--content", str(content))
     assert run.returncode == 1
     assert f"{content / 'recorded_runs.jsonl'}:2: record lacks commit" in run.stderr
+
+
+def test_a_row_l1_above_the_premise_fails_the_premises(gate_module, monkeypatch) -> None:
+    monkeypatch.setattr(gate_module, "ROW_L1", 1.0)  # below the generator's mean row L1, 1.19
+    checks = _run(gate_module)
+    assert {name for name, ok in checks.items() if not ok} == {"premises"}
