@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, BuildRun, build_module
 
 from k3gates.discover import GatePackage, discover_gates
-from k3gates.gate import REGISTRY, GateContext
+from k3gates.gate import CONTRACT_KINDS, REGISTRY, GateContext
 from k3gates.moe_k3 import layer as L
 
 SMALL = L.Shape(n_experts=16, top_k=4, n_shared=2, hidden=128, latent=64, expert_width=64,
@@ -48,17 +48,25 @@ def gate_module(monkeypatch) -> ModuleType:
     return g
 
 
-def _run(g: ModuleType) -> dict[str, bool]:
+def _context(g: ModuleType) -> GateContext:
     bounds = L.declared_bounds(SMALL, g.ROW_L1)  # the premise at SMALL's reduction length
     spec = dataclasses.replace(REGISTRY["latentmoe_k3_layer"], bounds=dict(bounds))
     ctx = GateContext(spec)
     g.latentmoe_k3_layer(ctx)
-    return {c.name: c.passed for c in ctx.checks}
+    return ctx
+
+
+def _run(g: ModuleType) -> dict[str, bool]:
+    return {c.name: c.passed for c in _context(g).checks}
 
 
 def test_the_gate_passes_at_a_reduced_expert_count(gate_module) -> None:
-    checks = _run(gate_module)
-    assert checks == {"sharded_by_expert": True, "premises": True, "c": True, "y": True,
+    ctx = _context(gate_module)
+    checks = {c.name: c.passed for c in ctx.checks}
+    # the contract's kinds (the runner adds the no-float scans of the declared kernels)
+    assert {c.kind for c in ctx.checks} | {"nofloat"} == set(CONTRACT_KINDS)
+    assert checks == {"compiled_packed_matmul": True, "compiled_router": True,
+                      "sharded_by_expert": True, "premises": True, "c": True, "y": True,
                       "one_process": True}  # fmt: skip
 
 

@@ -81,6 +81,7 @@ def latentmoe_k3_layer(ctx: GateContext) -> None:
         peaks = client.run(L.peak_rss_bytes)
         for a, lo, hi in owners:
             client.run(L.drop_shard, SHAPE, SEED, lo, hi, workers=[a])
+    _compiled(ctx, layer, x, result)
     _sharding(ctx, owners, loads, result)
     tokens = R.sample_tokens(TOKENS, SAMPLE, SEED)
     _against_float64(ctx, x, result, tokens, layer.dense)
@@ -91,6 +92,27 @@ def latentmoe_k3_layer(ctx: GateContext) -> None:
         f"on {WORKERS} Dask workers: {TOKENS} tokens at {result.stats['tokens_per_s']:.2f} "
         f"tokens/s, {SAMPLE} held to float64 and to one process"
     )
+
+
+def _compiled(ctx: GateContext, layer: L.LatentMoE, x, result: L.Result) -> None:
+    """The two kernels the layer's size rests on, compiled against CPython on slices: the MXFP4
+    expert product (every E2M1 code and both scale exponents occur in 8 rows of 64) and the
+    router (2 tokens over the first 64 experts, top-16)."""
+    w = L.expert_weights(SHAPE, SEED, int(result.routing.idx[0, 0]))
+    z = np.ascontiguousarray(result.routing.z[:2, :64])
+    ctx.check_compiled_matches_interpreted(
+        "compiled_packed_matmul", "packed_matmul", z, np.full(z.shape, -L.Z_FRAC, np.int64),
+        np.ascontiguousarray(w.w1[0][:8, :32]), np.ascontiguousarray(w.w1[1][:8, :2]), L.Z_FRAC,
+        inputs="z of 2 tokens (64 latent columns) against 8 rows of token 0's first expert's w1",
+        modname="k3gates.mxqat.kernels",
+    )  # fmt: skip
+    d = layer.dense
+    ctx.check_compiled_matches_interpreted(
+        "compiled_router", "router", np.ascontiguousarray(x[:2]),
+        np.ascontiguousarray(d.w_r[:64]), np.ascontiguousarray(d.b[:64]), SHAPE.top_k,
+        SHAPE.rsf_q24, inputs="2 tokens of x at width 7168 over the first 64 experts",
+        modname="k3gates.moe.kernels",
+    )  # fmt: skip
 
 
 def _sharding(ctx: GateContext, owners: list, loads: dict, result: L.Result) -> None:
