@@ -363,9 +363,13 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def worker_pids(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(p) for p in children] or [pid]
+def serving_pids(target: str, pid: int) -> list[int]:
+    """The processes that answer requests: serve's and nginx's workers (their parent only
+    supervises), the ceiling's parent and the processes it forked, the naive server itself."""
+    children = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    if target.startswith(("serve", "nginx")) and children:
+        return children
+    return [pid, *children] if target == "ceiling" else [pid]
 
 
 # --- the site ------------------------------------------------------------------------------
@@ -481,9 +485,7 @@ def main() -> int:
             for target in names[k % len(names) :] + names[: k % len(names)]:  # rotated
                 process, port = starters[target]()
                 try:
-                    # serve's workers, nginx's workers (the master only supervises them).
-                    forks = target.startswith(("serve", "nginx"))
-                    pids = worker_pids(process.pid) if forks else [process.pid]
+                    pids = serving_pids(target, process.pid)
                     for result in measure(target, port, args, tmp, pids):
                         results[(target, result.protocol)] = result
                 finally:

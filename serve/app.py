@@ -12,7 +12,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote_from_bytes
 
 from . import files
@@ -97,9 +97,9 @@ def refusal_body(status: int) -> bytes:
 NOT_IN_304 = frozenset({b"content-type", b"content-length", b"content-encoding"})
 
 
-@dataclass(frozen=True)
-class RequestInfo:
-    """The parts of a request the decisions use, read once from the ASGI scope."""
+class RequestInfo(NamedTuple):
+    """The parts of a request the decisions use, read once from the ASGI scope (a NamedTuple:
+    immutable, and built in a third of a frozen dataclass's time on every request)."""
 
     method: str
     raw_path: bytes

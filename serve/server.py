@@ -35,6 +35,7 @@ import h2.connection
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Sockets
 
+from . import connection
 from .app import AppSettings, StaticApp
 from .certs import CertSettings, ensure_local_certificates
 from .files import FileSettings
@@ -188,6 +189,7 @@ def run_worker(plan: Plan, sockets: Sockets | None = None) -> int:
         sockets = bind_sockets(plan.server)
     app = StaticApp(plan.files, plan.headers, plan.app)
     config = make_config(plan, sockets)
+    connection.install()
     stopper = Stopper()
     # Installed before asyncio.run, which then leaves SIGINT alone (no KeyboardInterrupt).
     for signum in (signal.SIGINT, signal.SIGTERM):
