@@ -35,7 +35,6 @@ import h2.connection
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Sockets
 
-from . import connection
 from .app import AppSettings, StaticApp
 from .certs import CertSettings, ensure_local_certificates
 from .files import FileSettings
@@ -56,9 +55,9 @@ class ServerSettings:
     # Seconds a connection may go without a complete request head: closes idle keep-alive
     # connections and slowloris clients that trickle header bytes to hold a socket.
     idle_timeout: float = 5.0
-    # Seconds without a byte from the client while a request is open. It also bounds a client
-    # that stops reading a response. Cost: an HTTP/1.1 download longer than this is cut; the
-    # site's files take milliseconds.
+    # Seconds without a byte from the client while a request is open. It does not bound a
+    # client that stops reading a response: hypercorn then closes gracefully and the response
+    # still drains (a 16 MiB download paused past this limit arrived whole).
     read_timeout: float = 30.0
     # Seconds in-flight responses get to finish after SIGINT/SIGTERM before connections drop.
     graceful_timeout: float = 5.0
@@ -189,7 +188,6 @@ def run_worker(plan: Plan, sockets: Sockets | None = None) -> int:
         sockets = bind_sockets(plan.server)
     app = StaticApp(plan.files, plan.headers, plan.app)
     config = make_config(plan, sockets)
-    connection.install()
     stopper = Stopper()
     # Installed before asyncio.run, which then leaves SIGINT alone (no KeyboardInterrupt).
     for signum in (signal.SIGINT, signal.SIGTERM):
