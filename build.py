@@ -984,6 +984,7 @@ def _public_result(r: dict[str, Any]) -> dict[str, Any]:
     out["line"] = r.get("line")
     out["requires"] = list(r.get("requires") or [])
     out["code"] = faultsuite.code_hash(r) if r.get("deps") else ""
+    out["runner"] = r.get("runner", "local")  # where this result was made (a reused one too)
     return out
 
 
@@ -1460,7 +1461,12 @@ def record_digests(census: dict[str, Any], results: list[dict[str, Any]], path: 
         "cpu": prov["cpu"],
         "vector": prov["cpu_vector"],
         "gates": {
-            g["id"]: {"code": g["code"], "checks": _check_digests(r)}
+            g["id"]: {
+                "code": g["code"],
+                "checks": _check_digests(r),
+                "status": g["status"],
+                "runner": g["runner"],
+            }
             for g, r in zip(census["gates"], results, strict=True)
             if g["code"]
         },

@@ -94,11 +94,45 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("k3cache")
 
 
+def two_worker_cluster():
+    """A Dask LocalCluster of two worker processes of one slot each, with distributed's default
+    config (the scheduler retries a task whose worker died; the Nanny sets
+    OMP/MKL/OPENBLAS_NUM_THREADS=1 for its workers), used through its address as
+    `--runner tcp://…` would use a remote one. The Nanny also sets them in this process; they are
+    put back, as on a machine whose workers run elsewhere. Workers inherit this process's
+    environment, K3GATES_CACHE included."""
+    import logging
+
+    import distributed
+
+    from k3gates import cluster
+
+    before = dict(os.environ)
+    lc = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        resources={cluster.SLOTS: 1},
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    )
+    os.environ.clear()
+    os.environ.update(before)
+    return lc
+
+
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory: pytest.TempPathFactory, session_cache: Path) -> BuildRun:
-    """One full build of the real project, shared by every test that reads the site."""
+    """One full build of the real project, shared by every test that reads the site.
+
+    Its gates run on a two-worker Dask cluster (`--runner tcp://…`): the same results as the
+    local runner's, which test_cluster.py holds against the local runner's recorded digests
+    (issue 19). Every other build in the suite uses the local runner."""
     out = tmp_path_factory.mktemp("site") / "public"
-    run = run_build(out, cache=session_cache)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("K3GATES_CACHE", str(session_cache))  # the workers compile into it too
+        with two_worker_cluster() as lc:
+            run = run_build(out, "--runner", lc.scheduler_address, cache=session_cache)
     if run.returncode != 0:
         pytest.fail(f"the project's own build failed:\n{run.stdout}\n{run.stderr}")
     return run

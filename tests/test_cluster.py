@@ -7,16 +7,15 @@ would use a remote one; the others are the one `--runner dask` starts."""
 
 from __future__ import annotations
 
-import logging
+import json
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-import distributed
 import pytest
-from conftest import FIXTURE_GATES, ROOT, run_build
+from conftest import FIXTURE_GATES, ROOT, run_build, two_worker_cluster
 
 from k3gates import cluster, runner
 from k3gates import compile as kcompile
@@ -58,25 +57,6 @@ def _sites(ids: list[str]) -> list:
     return [by_id[i] for i in ids]
 
 
-def _two_workers() -> distributed.LocalCluster:
-    """Two worker processes of one slot each, with distributed's default config (the scheduler
-    retries a task whose worker died; the Nanny sets OMP/MKL/OPENBLAS_NUM_THREADS=1 for its
-    workers), used through its address as `--runner tcp://…` would. The Nanny also sets them in
-    this process; they are put back, as on a machine whose workers run elsewhere."""
-    before = dict(os.environ)
-    lc = distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        resources={cluster.SLOTS: 1},
-        dashboard_address=None,
-        silence_logs=logging.ERROR,
-    )
-    os.environ.clear()
-    os.environ.update(before)
-    return lc
-
-
 @pytest.fixture(scope="module")
 def both(env) -> tuple[dict, dict]:
     """The same gates on the local runner and on a 2-worker cluster, nothing reused."""
@@ -85,12 +65,13 @@ def both(env) -> tuple[dict, dict]:
         kcompile.ensure(m)  # what build.py's compile step does before the local runner
     local = runner.run_gates(sites, jobs=2, reuse=False)
     with (
-        _two_workers() as lc,
+        two_worker_cluster() as lc,
         cluster.DaskPool(
             lc.scheduler_address, jobs=2, packages=[FIXTURE_GATES, CLUSTER_GATES]
         ) as pool,
     ):
         assert (pool.width, pool.exclusive_slots) == (2, 1)
+        assert pool.one_machine  # two workers on this machine share its cores
         on_dask = runner.run_gates(sites, jobs=2, reuse=False, pool=pool)
     return {r["id"]: r for r in local}, {r["id"]: r for r in on_dask}
 
@@ -184,7 +165,7 @@ def test_a_scheduler_that_retries_does_not_turn_a_lost_gate_into_a_pass(env):
     next gate."""
     _armed(env)
     try:
-        with _two_workers() as lc:
+        with two_worker_cluster() as lc:
             assert lc.scheduler.allowed_failures > 0  # it would retry
             with cluster.DaskPool(lc.scheduler_address, jobs=2, packages=[CLUSTER_GATES]) as pool:
                 (dies,) = runner.run_gates(_sites(["fixture_worker_dies"]), reuse=False, pool=pool)
@@ -209,3 +190,72 @@ def test_the_build_takes_the_runner_and_names_an_unreachable_scheduler(tmp_path,
     assert bad.returncode == 1
     assert "--runner tcp://127.0.0.1:9: cannot reach the Dask scheduler" in bad.stderr
     assert os.readlink(out) == before  # the published site is left as it was
+
+
+# --- the whole default gate set ----------------------------------------------------------------
+
+
+def local_records() -> dict[tuple[str, str], dict]:
+    """(gate id, code hash) -> the newest local-runner record of that gate's result, from
+    site_src/digests.jsonl (`python build.py --record` appends one per commit and CPU)."""
+    out = {}
+    for line in (ROOT / "site_src" / "digests.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        for gate_id, entry in rec["gates"].items():
+            if entry.get("runner") == "local":
+                out[(gate_id, entry["code"])] = entry
+    return out
+
+
+def differences_from_local(census: dict, records: dict[tuple[str, str], dict]) -> list[str]:
+    """Every way a census's gates differ from the local runner's recorded results for the same
+    code: a gate with no such record, another status, or a check whose digests differ."""
+    out = []
+    for g in census["gates"]:
+        rec = records.get((g["id"], g["code"]))
+        if rec is None:
+            out.append(f"{g['id']}: no local-runner record of code {g['code']}")
+            continue
+        if g["status"] != rec["status"]:
+            out.append(f"{g['id']}: {g['status']} on dask, {rec['status']} on the local runner")
+        mine = {c["name"]: c["digests"] for c in g["checks"] if c["digests"]}
+        if mine != rec["checks"]:
+            differ = sorted(
+                n for n in set(mine) | set(rec["checks"]) if mine.get(n) != rec["checks"].get(n)
+            )
+            out.append(f"{g['id']}: digests differ in {', '.join(differ)}")
+    return out
+
+
+def test_the_whole_default_gate_set_on_dask_equals_the_local_runner(built_site):
+    """The session's build ran every default gate on a two-worker cluster (conftest.py). Each
+    gate's status and every check's digests equal the local runner's result for the same code,
+    as recorded by `python build.py --record` (site_src/digests.jsonl)."""
+    gates = built_site.census["gates"]
+    assert len(gates) >= 50
+    assert all(g["runner"] == "dask" and g["ran"] for g in gates)  # made here, on the cluster
+    records = local_records()
+    missing = [d for d in differences_from_local(built_site.census, records) if "no local" in d]
+    assert not missing, (
+        "the local runner's results for this code are not recorded: on a clean commit run "
+        "`python build.py --record`, then commit site_src/digests.jsonl\n" + "\n".join(missing)
+    )
+    assert differences_from_local(built_site.census, records) == []
+    digested = sum(1 for g in gates for c in g["checks"] if c["digests"])
+    assert digested >= 200  # the checks whose digests were compared
+
+
+def test_the_whole_set_comparison_can_fail(built_site):
+    """One changed digest, one changed status, one unrecorded code: each is reported."""
+    records = local_records()
+    census = json.loads(json.dumps(built_site.census))
+    digested = [g for g in census["gates"] if any(c["digests"] for c in g["checks"])]
+    a, b, c = digested[0], digested[1], digested[2]
+    check = next(x for x in a["checks"] if x["digests"])
+    check["digests"] = {k: "0" * len(v) for k, v in check["digests"].items()}
+    b["status"] = "failed" if b["status"] == "passed" else "passed"
+    c["code"] = "0" * len(c["code"])
+    before = differences_from_local(built_site.census, records)
+    found = [d for d in differences_from_local(census, records) if d not in before]
+    assert [d.split(":")[0] for d in found] == [a["id"], b["id"], c["id"]]
+    assert "digests differ in " + check["name"] in found[0]
