@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 
@@ -60,7 +61,20 @@ def test_unsafe_methods_get_405_with_allow(server: Server, method: str) -> None:
 def test_64_kb_header_gets_431_over_http1(server: Server) -> None:
     big = "a" * 64 * 1024
     for _ in range(3):  # both of hypercorn's paths (incomplete head, complete head) say 431
-        assert get(server, "/", headers={"X-Big": big}).status == 431
+        assert _answer_to_oversized_head(server, big) == 431
+
+
+def _answer_to_oversized_head(server: Server, big: str, attempts: int = 5) -> int:
+    """The status the server answers an oversized head with. The server may answer and close
+    before the client has sent it all (RFC 9112 9.6 lets it): that attempt's send fails, and a
+    close with unread bytes can reset the reply away. Such an attempt says nothing, so the next
+    connection asks again; only a status read from the server is an answer."""
+    for _ in range(attempts):
+        try:
+            return get(server, "/", headers={"X-Big": big}).status
+        except (ssl.SSLError, ConnectionError):
+            continue
+    raise AssertionError(f"no answer to a 64 KiB head in {attempts} connections")
 
 
 def test_64_kb_header_gets_431_over_h2(server: Server) -> None:
