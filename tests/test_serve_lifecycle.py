@@ -130,10 +130,12 @@ def test_watch_runs_build_watch_and_stops_it(tmp_path: Path) -> None:
     # resource tracker, which a Dask LocalCluster starts, lives as long as this process)
     before = set(_children(os.getpid()))
     with build_child(project, project / "public", first=False, watch=True):
+        argv = project / "argv"
         deadline = time.monotonic() + 20
-        while not (project / "argv").exists() and time.monotonic() < deadline:
+        # the stub creates the file, then writes it: an empty file is not its answer yet
+        while not (argv.exists() and argv.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert (project / "argv").read_text() == "--watch"
+        assert argv.read_text() == "--watch"
         children = [pid for pid in _children(os.getpid()) if pid not in before]
         assert children
     for pid in children:
