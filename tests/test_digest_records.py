@@ -53,7 +53,7 @@ def test_record_digests_appends_one_line_per_commit_and_cpu(build, tmp_path):
             "cpu": "AMD EPYC",
             "cpu_vector": "avx2 fma",
         },
-        "gates": [{"id": "g", "code": "c1"}],
+        "gates": [{"id": "g", "code": "c1", "status": "passed", "runner": "local"}],
     }
     path = tmp_path / "digests.jsonl"
     build.record_digests(census, [result("d1")], path)
@@ -62,4 +62,9 @@ def test_record_digests_appends_one_line_per_commit_and_cpu(build, tmp_path):
     assert len(lines) == 1
     rec = json.loads(lines[0])
     assert rec["cpu"] == "AMD EPYC" and rec["vector"] == "avx2 fma"
-    assert rec["gates"]["g"] == {"code": "c1", "checks": {"threads": {"1": "d1", "2": "d1"}}}
+    assert rec["gates"]["g"] == {
+        "code": "c1",
+        "checks": {"threads": {"1": "d1", "2": "d1"}},
+        "status": "passed",
+        "runner": "local",
+    }
