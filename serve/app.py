@@ -8,6 +8,7 @@ become statuses in exactly two places: `files.Refused` (raised where the decisio
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -116,17 +117,18 @@ class RequestInfo(NamedTuple):
     def from_scope(cls, scope: Scope) -> RequestInfo:
         total, wanted = _read_headers(scope.get("headers", ()))
         raw_path = scope.get("raw_path") or scope.get("path", "/").encode("utf-8")
-        return cls(
-            method=scope.get("method", "GET"),
-            raw_path=raw_path,
-            query=scope.get("query_string", b""),
-            header_bytes=total,
-            accept_encoding=wanted.get(b"accept-encoding"),
-            if_none_match=wanted.get(b"if-none-match"),
-            if_modified_since=wanted.get(b"if-modified-since"),
-            sec_fetch_site=wanted.get(b"sec-fetch-site"),
-            referer=wanted.get(b"referer"),
-            host=wanted.get(b"host"),
+        get = wanted.get
+        return cls(  # positional, in field order: a third faster than keywords, per request
+            scope.get("method", "GET"),
+            raw_path,
+            scope.get("query_string", b""),
+            total,
+            get(b"accept-encoding"),
+            get(b"if-none-match"),
+            get(b"if-modified-since"),
+            get(b"sec-fetch-site"),
+            get(b"referer"),
+            get(b"host"),
         )
 
 
@@ -156,6 +158,11 @@ class StaticApp:
         self.security = security_headers(header_settings or HeaderSettings())
         self.cache = files.LRUCache(
             file_settings.cache_max_entries, file_settings.cache_max_total_bytes
+        )
+        # A pure function of the path's bytes, and a site is a few hundred paths. Refusals are
+        # not remembered, so a scan of made-up paths cannot fill it with them.
+        self.parse_path = functools.lru_cache(maxsize=1024)(
+            functools.partial(files.parse_request_path, settings=file_settings)
         )
 
     # --- ASGI ------------------------------------------------------------------------------
@@ -237,7 +244,7 @@ class StaticApp:
             or not files.is_cross_site(request.sec_fetch_site, request.referer, request.host)
         )
         try:
-            path = files.parse_request_path(request.raw_path, self.files)
+            path = self.parse_path(request.raw_path)
             found = files.lookup(root_fd, path, gzip_ok, self.files)
         except Refused as refusal:
             if refusal.status == 404:

@@ -195,11 +195,16 @@ class Redirect:
 def lookup(
     root_fd: int, path: RequestPath, gzip_ok: bool, settings: FileSettings
 ) -> Found | Redirect:
-    """Resolve `path` beneath the snapshot, choose the encoding, and open the file."""
-    dir_fd = os.dup(root_fd)
+    """Resolve `path` beneath the snapshot, choose the encoding, and open the file.
+
+    `root_fd` stays the caller's to close; every folder opened below it is closed here.
+    """
+    dir_fd = root_fd
     try:
         for segment in path.segments[:-1]:
-            dir_fd = _descend(dir_fd, segment)
+            child = _descend(dir_fd, segment)
+            _close_below(dir_fd, root_fd)
+            dir_fd = child
         if not path.segments:
             return _open_variant(dir_fd, settings.index_name, path.url, gzip_ok)
         name = path.segments[-1]
@@ -208,7 +213,7 @@ def lookup(
             raise Refused(404, f"no file {name!r}")
         fd, st = opened
         if stat.S_ISDIR(st.st_mode):
-            os.close(dir_fd)
+            _close_below(dir_fd, root_fd)
             dir_fd = fd
             if not path.trailing_slash:
                 # Canonical folder URLs end in "/", so relative links inside them resolve.
@@ -217,6 +222,11 @@ def lookup(
             return _open_variant(dir_fd, settings.index_name, path.url, gzip_ok)
         return _choose_variant(dir_fd, fd, st, name, path, gzip_ok)
     finally:
+        _close_below(dir_fd, root_fd)
+
+
+def _close_below(dir_fd: int, root_fd: int) -> None:
+    if dir_fd != root_fd:
         os.close(dir_fd)
 
 
@@ -230,13 +240,11 @@ def lookup_not_found_page(root_fd: int, gzip_ok: bool, settings: FileSettings) -
 
 
 def _descend(parent_fd: int, name: str) -> int:
-    """Open a sub-folder relative to its parent (closed on success); no symlink is followed."""
+    """Open a sub-folder relative to its parent; no symlink is followed."""
     try:
-        child = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
+        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
     except OSError as error:
         raise Refused(_status_for_os_error(error), f"no folder {name!r}: {error}") from None
-    os.close(parent_fd)
-    return child
 
 
 def _open_beneath(dir_fd: int, name: str) -> tuple[int, os.stat_result] | None:
@@ -260,11 +268,8 @@ def _open_beneath(dir_fd: int, name: str) -> tuple[int, os.stat_result] | None:
 
 def _exists(dir_fd: int, name: str) -> bool:
     """Whether `name` exists at all in `dir_fd` (a dangling symlink counts); never follows."""
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    return True
+    # faccessat(F_OK) answers the same question as an lstat without building a stat_result.
+    return os.access(name, os.F_OK, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _choose_variant(

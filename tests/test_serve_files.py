@@ -330,6 +330,36 @@ def test_big_file_streams_from_its_fd(app: StaticApp, site: Site) -> None:
         response.close()
 
 
+# Every branch of lookup: the root, a file, a descent, a folder with and without its slash, a
+# miss after a descent, a file named as a folder, a sidecar by name, a symlinked folder, a FIFO,
+# gzip and identity.
+LOOKUPS = [b"/", b"/notes.txt", b"/innovations/kda/", b"/innovations/kda", b"/innovations/nope",
+           b"/innovations/kda/index.html", b"/notes.txt/", b"/index.html.gz",
+           b"/dir-out/secret.txt", b"/fifo", b"/empty-folder/", b"/archive.gz",
+           b"/missing"]  # fmt: skip
+
+
+@pytest.mark.parametrize("gzip_ok", [False, True])
+def test_lookup_closes_every_folder_it_opens_and_never_the_root(site: Site, gzip_ok: bool) -> None:
+    settings = FileSettings(site.root)
+    root_fd = files.open_snapshot(site.root)
+    try:
+        before = sorted(os.listdir("/proc/self/fd"))
+        for raw in LOOKUPS * 3:
+            try:
+                found = files.lookup(
+                    root_fd, files.parse_request_path(raw, settings), gzip_ok, settings
+                )
+            except Refused:
+                found = None
+            if isinstance(found, files.Found):
+                os.close(found.fd)
+            os.fstat(root_fd)  # still open: EBADF here means lookup closed the caller's root
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(root_fd)
+
+
 def test_plain_http_redirects_to_the_configured_host_only(site: Site) -> None:
     app = StaticApp(
         FileSettings(site.root),

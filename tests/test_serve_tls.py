@@ -189,3 +189,35 @@ def test_sslyze_mozilla_modern_is_compliant(scans: Scans) -> None:
     curves = {c["name"] for c in result["elliptic_curves"]["result"]["supported_curves"]}
     assert curves == {"X25519", "secp256r1", "secp384r1"}
     assert not result["tls_compression"]["result"]["supports_compression"]
+
+
+def test_date_header_is_made_once_a_second_and_follows_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+    from email.utils import formatdate
+
+    import hypercorn.config
+    from hypercorn.config import Sockets
+
+    from serve import tls
+
+    now = [1_800_000_000.2]
+    monkeypatch.setattr(tls, "time", types.SimpleNamespace(time=lambda: now[0]))
+    monkeypatch.setattr(hypercorn.config, "time", lambda: now[0])
+    config = tls.HardenedConfig(tls.TLSSettings(Path("c.pem"), Path("k.pem")), Sockets([], [], []))
+
+    def date() -> bytes:
+        return dict(config.response_headers("h11"))[b"date"]
+
+    first = config.response_headers("h11")
+    first.append((b"x-mutated", b"1"))  # a caller extending its list changes nothing after
+    assert date() == formatdate(now[0], usegmt=True).encode()
+    assert b"x-mutated" not in dict(config.response_headers("h11"))
+    assert dict(config.response_headers("h2"))[b"server"] == b"hypercorn-h2"
+    now[0] += 0.7  # the same second
+    assert date() == formatdate(1_800_000_000, usegmt=True).encode()
+    now[0] += 0.2  # the next one
+    assert date() == formatdate(1_800_000_001, usegmt=True).encode()
+    now[0] += 3600
+    assert date() == formatdate(1_800_003_601, usegmt=True).encode()
