@@ -35,6 +35,7 @@ import h2.connection
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Sockets
 
+from . import connection
 from .app import AppSettings, StaticApp
 from .certs import CertSettings, ensure_local_certificates
 from .files import FileSettings
@@ -55,9 +56,9 @@ class ServerSettings:
     # Seconds a connection may go without a complete request head: closes idle keep-alive
     # connections and slowloris clients that trickle header bytes to hold a socket.
     idle_timeout: float = 5.0
-    # Seconds without a byte from the client while a request is open. It does not bound a
-    # client that stops reading a response: hypercorn then closes gracefully and the response
-    # still drains (a 16 MiB download paused past this limit arrived whole).
+    # Seconds without a byte from the client while a request is open. It also bounds a client
+    # that stops reading a response. Cost: an HTTP/1.1 download longer than this is cut; the
+    # site's files take milliseconds.
     read_timeout: float = 30.0
     # Seconds in-flight responses get to finish after SIGINT/SIGTERM before connections drop.
     graceful_timeout: float = 5.0
@@ -188,6 +189,7 @@ def run_worker(plan: Plan, sockets: Sockets | None = None) -> int:
         sockets = bind_sockets(plan.server)
     app = StaticApp(plan.files, plan.headers, plan.app)
     config = make_config(plan, sockets)
+    connection.install()
     stopper = Stopper()
     # Installed before asyncio.run, which then leaves SIGINT alone (no KeyboardInterrupt).
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -208,24 +210,55 @@ class Stopper:
     and a signal in that window either raised KeyboardInterrupt or hit a closed wakeup fd
     ("Bad file descriptor"). This handler stays valid before, during and after the loop.
     Repeated signals while draining change nothing: graceful_timeout bounds the drain.
+
+    Python runs the handler only when the main thread runs bytecode. A signal taken by another
+    thread (asyncio.to_thread's, for the certificate check), or one landing just before the
+    loop enters epoll_wait, would otherwise wait for the next timer or byte, and an idle worker
+    may have neither for hours. So while the loop runs, the signal also writes a byte to a
+    socket the loop watches (signal.set_wakeup_fd), which wakes it.
     """
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.event: asyncio.Event | None = None
         self.requested = False
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """Call in the main thread, from inside the running loop; `detach` before it closes."""
         self.loop, self.event = loop, asyncio.Event()
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        loop.add_reader(reader.fileno(), _drain, reader)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer)
         if self.requested:
             self.event.set()
         return self.event
+
+    def detach(self) -> None:
+        if self._wakeup is None or self.loop is None:
+            return
+        signal.set_wakeup_fd(-1)  # before the close: a late signal must not hit a closed fd
+        reader, writer = self._wakeup
+        self.loop.remove_reader(reader.fileno())
+        reader.close()
+        writer.close()
+        self._wakeup = None
 
     def request(self, signum: int, frame: object) -> None:
         self.requested = True
         loop, event = self.loop, self.event
         if loop is not None and event is not None and not loop.is_closed():
             loop.call_soon_threadsafe(event.set)
+
+
+def _drain(sock: socket.socket) -> None:
+    """Empty the wakeup socket; the signal's own handler has run by the time this does."""
+    with contextlib.suppress(BlockingIOError):
+        while sock.recv(4096):
+            pass
 
 
 async def _serve_until_signalled(
@@ -241,6 +274,7 @@ async def _serve_until_signalled(
         refresher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await refresher
+        stopper.detach()
 
 
 def _quiet_client_teardown(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -253,6 +287,11 @@ def _quiet_client_teardown(loop: asyncio.AbstractEventLoop, context: dict[str, A
     """
     error = context.get("exception")
     if error is not None and _is_client_teardown(error):
+        return
+    if isinstance(error, asyncio.CancelledError):
+        # A connection still open when the graceful timeout ends is cancelled, and CPython
+        # 3.11's asyncio.streams then calls task.exception() on that cancelled task from a
+        # callback. The cancellation is ours and intended; there is nothing to report.
         return
     loop.default_exception_handler(context)
 

@@ -20,23 +20,30 @@ from serve_support import (
     SECRET,
     Server,
     Site,
+    client_context,
     curl,
     get,
     h2_request,
     make_site,
     raw_request,
+    read_reply,
     running_server,
     tls_connect,
 )
 
 IDLE_TIMEOUT = 1.5  # the configured limits under test, small so the suite stays quick
 HANDSHAKE_TIMEOUT = 1.5
+READ_TIMEOUT = 1.5
 CUT_OFF_SLACK = 2.0  # scheduling slack on a busy 2-core machine, on top of the configured limit
+# More than the kernel buffers on both ends of a loopback connection can hold (4 MiB each).
+HUGE_SIZE = 16 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
-    return make_site(tmp_path_factory.mktemp("http-site"))
+    site = make_site(tmp_path_factory.mktemp("http-site"))
+    (site.root / "huge.bin").write_bytes(b"h" * HUGE_SIZE)
+    return site
 
 
 @pytest.fixture(scope="module")
@@ -297,13 +304,80 @@ def test_slow_client_is_cut_off_within_the_configured_timeout(server: Server) ->
 def test_idle_connection_is_cut_off(server: Server) -> None:
     with tls_connect(server) as sock:
         elapsed = _seconds_until_closed(sock, None, IDLE_TIMEOUT + 30)
-    assert elapsed <= IDLE_TIMEOUT + CUT_OFF_SLACK
+    assert IDLE_TIMEOUT - 0.1 <= elapsed <= IDLE_TIMEOUT + CUT_OFF_SLACK
+
+
+KEEP_ALIVE_GET = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+def test_each_request_moves_the_idle_deadline(server: Server) -> None:
+    """Requests every IDLE_TIMEOUT / 3 for twice IDLE_TIMEOUT keep one connection open; the
+    idle time counts again from the last response."""
+    with tls_connect(server) as sock:
+        start = time.monotonic()
+        while time.monotonic() - start < 2 * IDLE_TIMEOUT:
+            time.sleep(IDLE_TIMEOUT / 3)
+            sock.sendall(KEEP_ALIVE_GET)
+            assert read_reply(sock, head_only=False).status == 200
+        elapsed = _seconds_until_closed(sock, None, IDLE_TIMEOUT + 30)
+    assert IDLE_TIMEOUT - 0.1 <= elapsed <= IDLE_TIMEOUT + CUT_OFF_SLACK
+
+
+def _paused_huge_download(server: Server, pause: float) -> bytes:
+    """GET /huge.bin through a 16 KiB window, pause with the response half sent, read it all."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    raw.connect(("127.0.0.1", server.port))
+    with client_context(server.ca).wrap_socket(raw, server_hostname="localhost") as sock:
+        sock.sendall(b"GET /huge.bin HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        data = sock.recv(4096)
+        time.sleep(pause)
+        sock.settimeout(10)
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except OSError:
+            pass
+    return data.partition(b"\r\n\r\n")[2]
+
+
+def test_a_busy_connection_is_never_cut_as_idle(server: Server) -> None:
+    """A response in progress past the idle timeout (the read timeout is 30 s here) arrives."""
+    assert len(_paused_huge_download(server, IDLE_TIMEOUT + CUT_OFF_SLACK)) == HUGE_SIZE
 
 
 def test_stalled_handshake_is_cut_off(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         elapsed = _seconds_until_closed(sock, None, HANDSHAKE_TIMEOUT + 30)
     assert elapsed <= HANDSHAKE_TIMEOUT + CUT_OFF_SLACK
+
+
+@pytest.fixture(scope="module")
+def reader_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A short read timeout and a long idle one, so only the read timeout can cut."""
+    site = make_site(tmp_path_factory.mktemp("read-site"))
+    (site.root / "huge.bin").write_bytes(b"h" * HUGE_SIZE)
+    state = tmp_path_factory.mktemp("read-state") / "k3serve"
+    args = ["--read-timeout", str(READ_TIMEOUT), "--idle-timeout", "60"]
+    with running_server(site.root, state, *args) as running:
+        yield running
+
+
+def test_a_client_that_stops_reading_a_response_is_cut_off(reader_server: Server) -> None:
+    """16 MiB through a 16 KiB window, then no byte from the client: the rest never comes."""
+    assert len(_paused_huge_download(reader_server, READ_TIMEOUT + CUT_OFF_SLACK)) < HUGE_SIZE
+
+
+def test_each_byte_from_the_client_moves_the_read_deadline(reader_server: Server) -> None:
+    """A header value sent a byte every READ_TIMEOUT / 3 for twice READ_TIMEOUT is answered."""
+    with tls_connect(reader_server) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+        start = time.monotonic()
+        while time.monotonic() - start < 2 * READ_TIMEOUT:
+            time.sleep(READ_TIMEOUT / 3)
+            sock.sendall(b"a")
+        sock.sendall(b"\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
 
 
 def test_server_still_serves_after_the_abuse(server: Server) -> None:

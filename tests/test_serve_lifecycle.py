@@ -8,12 +8,16 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 from conftest import build_module
 from serve_support import (
@@ -28,6 +32,7 @@ from serve_support import (
     tls_connect,
 )
 
+from serve import connection
 from serve.__main__ import ensure_site
 from serve.server import BUILDING_MARK, StartupError, build_child
 
@@ -202,6 +207,146 @@ def test_signal_finishes_in_flight_and_exits_cleanly(
     assert "Error" not in stderr
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+
+def _seconds_until_eof(sock: socket.socket, limit: float = 30) -> float:
+    start = time.monotonic()
+    sock.settimeout(limit)
+    while sock.recv(65536):
+        pass
+    return time.monotonic() - start
+
+
+def test_shutdown_closes_each_keep_alive_connection_once_it_is_idle(tmp_path: Path) -> None:
+    """Idle at the signal: closed at once. Busy: closed as soon as its response is done. The
+    idle timeout (5 s) and graceful timeout (5 s) are both far longer than the bound."""
+    site = make_site(tmp_path)
+    server = start_server(site.root, tmp_path / "state")
+    try:
+        with tls_connect(server) as idle:
+            idle.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert read_reply(idle, head_only=False).status == 200
+            busy, first = _start_slow_download(server)
+            with busy:
+                server.process.send_signal(signal.SIGTERM)
+                assert _seconds_until_eof(idle) < 2
+                body = first.partition(b"\r\n\r\n")[2]
+                while len(body) < BIG_SIZE:
+                    body += busy.recv(65536)
+                assert _seconds_until_eof(busy) < 2
+    finally:
+        code, stderr = server.stop()
+    assert code == 0, stderr
+
+
+def test_a_client_that_stops_reading_cannot_hold_up_shutdown(tmp_path: Path) -> None:
+    """Past the graceful timeout the response is dropped, and the TLS goodbye is bounded too."""
+    site = make_site(tmp_path)
+    server = start_server(site.root, tmp_path / "state", "--graceful-timeout", "1")
+    sock, _ = _start_slow_download(server)
+    with sock:
+        start = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            code = server.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            raise
+        elapsed = time.monotonic() - start
+    stderr = server.stop()[1]
+    assert code == 0 and "Traceback" not in stderr, stderr
+    # graceful 1 s + TLS goodbye 2 s + slack; asyncio alone waits 30 s for the goodbye.
+    assert elapsed < 1 + connection.TLS_GOODBYE_SECONDS + 3
+
+
+def _start_h2_download(sock: ssl.SSLSocket) -> h2.connection.H2Connection:
+    """GET /big.bin on stream 1; the flow-control window holds the response after 64 KiB."""
+    h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    h2c.initiate_connection()
+    request = [(b":method", b"GET"), (b":path", b"/big.bin"), (b":scheme", b"https")]
+    h2c.send_headers(1, [*request, (b":authority", b"localhost")], end_stream=True)
+    sock.sendall(h2c.data_to_send())
+    sock.recv(65536)
+    return h2c
+
+
+def _finish_h2_download(sock: ssl.SSLSocket, h2c: h2.connection.H2Connection) -> int:
+    body, ended = 0, False
+    while not ended:
+        data = sock.recv(65536)
+        assert data, "closed before the response was whole"
+        for event in h2c.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                body += len(event.data)
+                h2c.acknowledge_received_data(event.flow_controlled_length, 1)
+            ended = ended or isinstance(event, h2.events.StreamEnded)
+        sock.sendall(h2c.data_to_send())
+    return body
+
+
+def test_shutdown_closes_an_http2_connection_once_its_last_stream_is_done(tmp_path: Path) -> None:
+    """HTTP/2 says goodbye with GOAWAY and leaves the close to the server. A client may still
+    send after the server's TLS close_notify (late WINDOW_UPDATEs): the second connection makes
+    that race certain with a PING, and the worker must still exit cleanly."""
+    site = make_site(tmp_path)
+    server = start_server(site.root, tmp_path / "state")
+    try:
+        with tls_connect(server, alpn=("h2",)) as quiet, tls_connect(server, alpn=("h2",)) as late:
+            downloads = [(quiet, _start_h2_download(quiet)), (late, _start_h2_download(late))]
+            server.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            assert _finish_h2_download(*downloads[0]) == BIG_SIZE
+            assert _seconds_until_eof(quiet) < 2
+            assert _finish_h2_download(*downloads[1]) == BIG_SIZE
+            time.sleep(0.3)  # the server has sent GOAWAY and its close_notify by now
+            late.sendall(b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"8 bytes!")  # PING
+            assert _seconds_until_eof(late) < 2
+    finally:
+        code, stderr = server.stop()
+    assert code == 0, stderr
+
+
+# The signal reaches a thread other than the main one: its mask blocks SIGTERM. Python still
+# runs the handler in the main thread, but only once that thread runs bytecode; the loop below
+# has nothing else to wake it for 20 s.
+_SIGNAL_IN_ANOTHER_THREAD = """
+import asyncio, os, signal, sys, threading, time
+from serve.server import Stopper
+
+stopper = Stopper()
+signal.signal(signal.SIGTERM, stopper.request)
+
+def send_later() -> None:
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+async def main() -> float:
+    event = stopper.attach(asyncio.get_running_loop())
+    threading.Thread(target=send_later).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    start = time.monotonic()
+    await asyncio.wait_for(event.wait(), 20)
+    stopper.detach()
+    return time.monotonic() - start
+
+waited = asyncio.run(main())
+print(f"{waited:.3f} {signal.set_wakeup_fd(-1)}")
+"""
+
+
+def test_a_signal_taken_by_another_thread_still_stops_the_loop() -> None:
+    """The certificate check's thread can take SIGTERM; the worker must still stop at once."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_ANOTHER_THREAD],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    waited, wakeup_fd_after_detach = float(out[0]), int(out[1])
+    assert waited < 5, f"the loop slept {waited:.1f} s on a pending SIGTERM"
+    assert wakeup_fd_after_detach == -1
 
 
 # --- atomic swaps: a request sees one build, whole -----------------------------------------
