@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import faulthandler
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.process
@@ -442,6 +443,9 @@ def announce(plan: Plan) -> None:
 def serve_plan(plan: Plan) -> int:
     """Run the plan: in this process for one worker, under a supervisor for more."""
     check_tls(plan.tls)
+    # `kill -USR1 PID` prints that process's Python stack to stderr and serving goes on: how to
+    # see where a stuck worker is. Forked workers inherit the handler.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if plan.server.workers > 1:
         return supervise(plan)
     sockets = bind_sockets(plan.server)

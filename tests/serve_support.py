@@ -6,6 +6,7 @@ temporary K3SERVE_STATE, and announce their port on stderr; the helpers read it 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
@@ -117,10 +118,26 @@ class Server:
         try:
             code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
+            stacks = self.dump_stacks()
             self.process.kill()
             self.process.wait()
-            raise AssertionError(f"server ignored signal {signum} for {timeout}s") from None
+            raise AssertionError(
+                f"server ignored signal {signum} for {timeout}s; its processes' stacks:\n{stacks}"
+            ) from None
         return code, self.stderr()
+
+    def dump_stacks(self) -> str:
+        """SIGUSR1 to the server and its workers (faulthandler prints each Python stack)."""
+        pid = self.process.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        for p in [pid, *map(int, children)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGUSR1)
+        time.sleep(1)
+        return self.stderr()[-6000:]
 
 
 def start_server(

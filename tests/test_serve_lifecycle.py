@@ -306,6 +306,22 @@ def test_shutdown_closes_an_http2_connection_once_its_last_stream_is_done(tmp_pa
     assert code == 0, stderr
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigusr1_prints_each_process_stack_and_serving_goes_on(
+    tmp_path: Path, workers: int
+) -> None:
+    site = make_site(tmp_path)
+    server = start_server(site.root, tmp_path / "state", workers=workers)
+    try:
+        stacks = server.dump_stacks()
+        assert stacks.count("Current thread") == workers + (workers > 1), stacks
+        assert "serve/server.py" in stacks
+        assert get(server, "/").status == 200
+    finally:
+        code, stderr = server.stop()
+    assert code == 0, stderr
+
+
 # The signal reaches a thread other than the main one: its mask blocks SIGTERM. Python still
 # runs the handler in the main thread, but only once that thread runs bytecode; the loop below
 # has nothing else to wake it for 20 s.
