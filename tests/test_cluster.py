@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURE_GATES, ROOT, run_build, two_worker_cluster
+from conftest import FIXTURE_GATES, ROOT, build_module, run_build, two_worker_cluster
 
 from k3gates import cluster, runner
 from k3gates import compile as kcompile
@@ -201,8 +201,8 @@ def local_records() -> dict[tuple[str, str], dict]:
     """(gate id, code hash) -> the newest local-runner record of that gate's result, from
     site_src/digests.jsonl (`python build.py --record` appends one per commit and CPU)."""
     out = {}
-    for line in (ROOT / "site_src" / "digests.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+    path = ROOT / "site_src" / "digests.jsonl"
+    for rec in build_module().load_jsonl(path, {"commit", "cpu", "gates"}):
         for gate_id, entry in rec["gates"].items():
             if entry.get("runner") == "local":
                 out[(gate_id, entry["code"])] = entry
