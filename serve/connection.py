@@ -14,6 +14,11 @@ busy and idle, only moves a timestamp; one timer per rule re-arms itself for the
 a timeout costs one callback per period. One task per connection, not per request, waits for
 shutdown.
 
+Closing is bounded too. asyncio gives a TLS goodbye (close_notify both ways) 30 s, so a peer that
+never answers held a closed connection's socket that long, and held a shutting-down worker that
+long past its graceful timeout. Here a connection that has begun to close is hung up
+TLS_GOODBYE_SECONDS later.
+
 `install()` makes hypercorn's asyncio worker build its connections from this class. It is
 called before serving, and checks that hypercorn still has the methods it replaces.
 """
@@ -21,6 +26,8 @@ called before serving, and checks that hypercorn still has the methods it replac
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from ssl import SSLError
 from typing import Any
 
@@ -29,8 +36,9 @@ from hypercorn.asyncio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.events import Closed, Event, RawData, Updated
 
 # Seconds a closing connection gets to flush its last bytes and exchange TLS close_notify.
-# asyncio waits 30 s for a peer that never answers; a worker shutting down waited that long
-# past its graceful timeout for a client that had stopped reading.
+# asyncio waits 30 s for a peer that never answers. An idle connection closed that way held its
+# socket that long, and a worker shutting down waited that long past its graceful timeout for a
+# client that had stopped reading.
 TLS_GOODBYE_SECONDS = 2.0
 
 
@@ -41,6 +49,8 @@ class DeadlineTCPServer(TCPServer):
         super().__init__(*args, **kwargs)
         self.idle_since: float | None = None  # loop time the connection last became idle
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.goodbye_timer: asyncio.TimerHandle | None = None
+        self.socket = self.writer.get_extra_info("socket")  # kept: a closed transport forgets it
 
     async def _read_data(self) -> None:
         timeout = self.config.read_timeout
@@ -105,25 +115,44 @@ class DeadlineTCPServer(TCPServer):
         else:
             self._task_group.spawn(self._initiate_server_close)
 
+    async def _initiate_server_close(self) -> None:
+        self._bound_goodbye()
+        await super()._initiate_server_close()
+
     async def _close(self) -> None:
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-        try:
-            async with asyncio.timeout(TLS_GOODBYE_SECONDS):
-                await super()._close()
-        except TimeoutError:
-            self.writer.transport.abort()
-        except SSLError:
-            # The client sent data after our TLS close_notify (late HTTP/2 WINDOW_UPDATEs do),
-            # so the TLS shutdown failed. The connection is gone either way. hypercorn lets the
-            # error out, and at shutdown it ended the worker with a traceback and exit 1.
-            pass
+        self._bound_goodbye()
+        # SSLError: the client sent data after our TLS close_notify (late HTTP/2 WINDOW_UPDATEs
+        # do), so the TLS shutdown failed. The connection is gone either way. hypercorn lets the
+        # error out, and at shutdown it ended the worker with a traceback and exit 1.
+        with contextlib.suppress(SSLError):
+            await super()._close()
+
+    def _bound_goodbye(self) -> None:
+        """Once a close begins, end the connection TLS_GOODBYE_SECONDS later if it is open."""
+        if self.goodbye_timer is None:
+            self.goodbye_timer = self.loop.call_later(TLS_GOODBYE_SECONDS, self._hang_up)
+
+    def _hang_up(self) -> None:
+        # Not transport.abort(): asyncio's TLS transport forgets its protocol when closed twice
+        # (hypercorn closes it more than once), and abort() then does nothing. Shutting the
+        # socket down ends both directions, and the transport reports the connection lost. On
+        # a socket the transport has already closed this raises, and there is nothing to do.
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)
 
 
 def install() -> None:
     """Serve every new hypercorn connection with DeadlineTCPServer."""
-    for method in ("_read_data", "protocol_send", "_idle_timeout", "_close"):
+    for method in (
+        "_read_data",
+        "protocol_send",
+        "_idle_timeout",
+        "_close",
+        "_initiate_server_close",
+    ):
         if not callable(getattr(TCPServer, method, None)):
             stale = f"hypercorn's TCPServer has no {method}: serve/connection.py is stale"
             raise RuntimeError(stale)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import socket
 import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import h2.config
 import h2.connection
@@ -30,6 +32,8 @@ from serve_support import (
     running_server,
     tls_connect,
 )
+
+from serve import connection
 
 IDLE_TIMEOUT = 1.5  # the configured limits under test, small so the suite stays quick
 HANDSHAKE_TIMEOUT = 1.5
@@ -305,6 +309,26 @@ def test_idle_connection_is_cut_off(server: Server) -> None:
     with tls_connect(server) as sock:
         elapsed = _seconds_until_closed(sock, None, IDLE_TIMEOUT + 30)
     assert IDLE_TIMEOUT - 0.1 <= elapsed <= IDLE_TIMEOUT + CUT_OFF_SLACK
+
+
+def _server_sockets(server: Server) -> int:
+    fds = Path(f"/proc/{server.process.pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+def test_a_peer_that_never_answers_the_tls_goodbye_is_dropped(server: Server) -> None:
+    """Idle, the server says close_notify; a client that never answers is dropped after
+    connection.TLS_GOODBYE_SECONDS rather than asyncio's 30 s."""
+    before = _server_sockets(server)
+    with tls_connect(server):  # never reads, so never answers the close_notify
+        deadline = time.monotonic() + 10
+        while _server_sockets(server) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        opened = time.monotonic()
+        while _server_sockets(server) > before and time.monotonic() - opened < 20:
+            time.sleep(0.1)
+        held = time.monotonic() - opened
+    assert held < IDLE_TIMEOUT + connection.TLS_GOODBYE_SECONDS + CUT_OFF_SLACK
 
 
 KEEP_ALIVE_GET = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
