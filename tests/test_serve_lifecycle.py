@@ -95,10 +95,11 @@ def _stub_project(tmp_path: Path, script: str) -> Path:
 def test_missing_site_is_built_first_and_served_from_its_first_page(tmp_path: Path) -> None:
     project = _stub_project(
         tmp_path,
-        "import pathlib, sys, time\nsite = pathlib.Path('public')\nsite.mkdir()\n"
+        # Published whole, by one rename, as build.py publishes: the server may look at any time.
+        "import os, pathlib, sys, time\nstage = pathlib.Path('stage')\nstage.mkdir()\n"
         "pathlib.Path('argv').write_text(' '.join(sys.argv[1:]))\n"
-        "(site / '.building').write_text('')\n(site / 'index.html').write_text('x')\n"
-        "time.sleep(600)\n",
+        "(stage / '.building').write_text('')\n(stage / 'index.html').write_text('x')\n"
+        "os.rename(stage, 'public')\ntime.sleep(600)\n",
     )
     public = project / "public"
     assert ensure_site(public, project) is True
