@@ -319,3 +319,39 @@ def s_client(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=30,
         check=False,
     )
+
+
+def start_paused_download(
+    server: Server, path: bytes = b"/big.bin", head: bytes = b""
+) -> tuple[ssl.SSLSocket, bytes]:
+    """A GET through a 16 KiB receive window, paused after the first bytes (big.bin: 3 MiB)."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    raw.connect(("127.0.0.1", server.port))
+    sock = client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+    sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: localhost\r\n" + head + b"\r\n")
+    first = sock.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200")
+    return sock, first
+
+
+def seconds_until_closed(sock: socket.socket, trickle: bytes | None, limit: float) -> float:
+    """Send `trickle` one byte every 0.2 s (or nothing) until the server closes; elapsed time."""
+    start = time.monotonic()
+    sock.settimeout(0.2)
+    position = 0
+    while time.monotonic() - start < limit:
+        if trickle is not None:
+            try:
+                sock.sendall(trickle[position % len(trickle) : position % len(trickle) + 1])
+                position += 1
+            except OSError:
+                return time.monotonic() - start
+        try:
+            if sock.recv(4096) == b"":
+                return time.monotonic() - start
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - start
+    raise AssertionError(f"connection still open after {limit:.1f}s")

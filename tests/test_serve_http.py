@@ -22,7 +22,6 @@ from serve_support import (
     SECRET,
     Server,
     Site,
-    client_context,
     curl,
     get,
     h2_request,
@@ -30,6 +29,8 @@ from serve_support import (
     raw_request,
     read_reply,
     running_server,
+    seconds_until_closed,
+    start_paused_download,
     tls_connect,
 )
 
@@ -275,39 +276,17 @@ def test_fifo_in_the_tree_does_not_hang_the_server(server: Server) -> None:
 # --- slow and idle clients ----------------------------------------------------------------
 
 
-def _seconds_until_closed(sock: socket.socket, trickle: bytes | None, limit: float) -> float:
-    """Send `trickle` one byte every 0.2 s (or nothing) until the server closes; elapsed time."""
-    start = time.monotonic()
-    sock.settimeout(0.2)
-    position = 0
-    while time.monotonic() - start < limit:
-        if trickle is not None:
-            try:
-                sock.sendall(trickle[position % len(trickle) : position % len(trickle) + 1])
-                position += 1
-            except OSError:
-                return time.monotonic() - start
-        try:
-            if sock.recv(4096) == b"":
-                return time.monotonic() - start
-        except TimeoutError:
-            continue
-        except OSError:
-            return time.monotonic() - start
-    raise AssertionError(f"connection still open after {limit:.1f}s")
-
-
 def test_slow_client_is_cut_off_within_the_configured_timeout(server: Server) -> None:
     """Slowloris: a request head trickled a byte at a time never completes, and is dropped."""
     with tls_connect(server) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
-        elapsed = _seconds_until_closed(sock, b"X-Slow: abcdefgh\r\n", IDLE_TIMEOUT + 30)
+        elapsed = seconds_until_closed(sock, b"X-Slow: abcdefgh\r\n", IDLE_TIMEOUT + 30)
     assert elapsed <= IDLE_TIMEOUT + CUT_OFF_SLACK
 
 
 def test_idle_connection_is_cut_off(server: Server) -> None:
     with tls_connect(server) as sock:
-        elapsed = _seconds_until_closed(sock, None, IDLE_TIMEOUT + 30)
+        elapsed = seconds_until_closed(sock, None, IDLE_TIMEOUT + 30)
     assert IDLE_TIMEOUT - 0.1 <= elapsed <= IDLE_TIMEOUT + CUT_OFF_SLACK
 
 
@@ -343,18 +322,15 @@ def test_each_request_moves_the_idle_deadline(server: Server) -> None:
             time.sleep(IDLE_TIMEOUT / 3)
             sock.sendall(KEEP_ALIVE_GET)
             assert read_reply(sock, head_only=False).status == 200
-        elapsed = _seconds_until_closed(sock, None, IDLE_TIMEOUT + 30)
+        elapsed = seconds_until_closed(sock, None, IDLE_TIMEOUT + 30)
     assert IDLE_TIMEOUT - 0.1 <= elapsed <= IDLE_TIMEOUT + CUT_OFF_SLACK
 
 
 def _paused_huge_download(server: Server, pause: float) -> bytes:
-    """GET /huge.bin through a 16 KiB window, pause with the response half sent, read it all."""
-    raw = socket.socket()
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-    raw.connect(("127.0.0.1", server.port))
-    with client_context(server.ca).wrap_socket(raw, server_hostname="localhost") as sock:
-        sock.sendall(b"GET /huge.bin HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        data = sock.recv(4096)
+    """GET /huge.bin, pause with the response half sent (16 MiB fills both ends' buffers), then
+    read all that comes."""
+    sock, data = start_paused_download(server, b"/huge.bin", b"Connection: close\r\n")
+    with sock:
         time.sleep(pause)
         sock.settimeout(10)
         try:
@@ -372,7 +348,7 @@ def test_a_busy_connection_is_never_cut_as_idle(server: Server) -> None:
 
 def test_stalled_handshake_is_cut_off(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        elapsed = _seconds_until_closed(sock, None, HANDSHAKE_TIMEOUT + 30)
+        elapsed = seconds_until_closed(sock, None, HANDSHAKE_TIMEOUT + 30)
     assert elapsed <= HANDSHAKE_TIMEOUT + CUT_OFF_SLACK
 
 

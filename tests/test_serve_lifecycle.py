@@ -24,10 +24,11 @@ from serve_support import (
     BIG_SIZE,
     REPO,
     Server,
-    client_context,
     get,
     make_site,
     read_reply,
+    seconds_until_closed,
+    start_paused_download,
     start_server,
     tls_connect,
 )
@@ -164,18 +165,6 @@ def _alive(pid: int) -> bool:
 # --- graceful shutdown ---------------------------------------------------------------------
 
 
-def _start_slow_download(server: Server) -> tuple[socket.socket, bytes]:
-    """A 3 MiB GET through a 16 KiB receive window, paused after the first bytes."""
-    raw = socket.socket()
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-    raw.connect(("127.0.0.1", server.port))
-    sock = client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
-    sock.sendall(b"GET /big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    first = sock.recv(4096)
-    assert first.startswith(b"HTTP/1.1 200")
-    return sock, first
-
-
 def _finish_download(sock: socket.socket, first: bytes) -> bytes:
     data = first
     while True:
@@ -197,7 +186,7 @@ def test_signal_finishes_in_flight_and_exits_cleanly(
     site = make_site(tmp_path)
     server = start_server(site.root, tmp_path / "state", workers=workers)
     assert get(server, "/").status == 200
-    sock, first = _start_slow_download(server)
+    sock, first = start_paused_download(server)
     server.process.send_signal(signum)
     time.sleep(0.5)  # the server is now draining; the download is still in flight
     body = _finish_download(sock, first)
@@ -210,14 +199,6 @@ def test_signal_finishes_in_flight_and_exits_cleanly(
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
 
 
-def _seconds_until_eof(sock: socket.socket, limit: float = 30) -> float:
-    start = time.monotonic()
-    sock.settimeout(limit)
-    while sock.recv(65536):
-        pass
-    return time.monotonic() - start
-
-
 def test_shutdown_closes_each_keep_alive_connection_once_it_is_idle(tmp_path: Path) -> None:
     """Idle at the signal: closed at once. Busy: closed as soon as its response is done. The
     idle timeout (5 s) and graceful timeout (5 s) are both far longer than the bound."""
@@ -227,14 +208,14 @@ def test_shutdown_closes_each_keep_alive_connection_once_it_is_idle(tmp_path: Pa
         with tls_connect(server) as idle:
             idle.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert read_reply(idle, head_only=False).status == 200
-            busy, first = _start_slow_download(server)
+            busy, first = start_paused_download(server)
             with busy:
                 server.process.send_signal(signal.SIGTERM)
-                assert _seconds_until_eof(idle) < 2
+                assert seconds_until_closed(idle, None, 30) < 2
                 body = first.partition(b"\r\n\r\n")[2]
                 while len(body) < BIG_SIZE:
                     body += busy.recv(65536)
-                assert _seconds_until_eof(busy) < 2
+                assert seconds_until_closed(busy, None, 30) < 2
     finally:
         code, stderr = server.stop()
     assert code == 0, stderr
@@ -244,7 +225,7 @@ def test_a_client_that_stops_reading_cannot_hold_up_shutdown(tmp_path: Path) -> 
     """Past the graceful timeout the response is dropped, and the TLS goodbye is bounded too."""
     site = make_site(tmp_path)
     server = start_server(site.root, tmp_path / "state", "--graceful-timeout", "1")
-    sock, _ = _start_slow_download(server)
+    sock, _ = start_paused_download(server)
     with sock:
         start = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
@@ -267,7 +248,11 @@ def _start_h2_download(sock: ssl.SSLSocket) -> h2.connection.H2Connection:
     request = [(b":method", b"GET"), (b":path", b"/big.bin"), (b":scheme", b"https")]
     h2c.send_headers(1, [*request, (b":authority", b"localhost")], end_stream=True)
     sock.sendall(h2c.data_to_send())
-    sock.recv(65536)
+    started = False
+    while not started:  # every byte goes through h2c: the server's SETTINGS come first
+        events = h2c.receive_data(sock.recv(65536))
+        started = any(isinstance(e, h2.events.ResponseReceived) for e in events)
+        sock.sendall(h2c.data_to_send())
     return h2c
 
 
@@ -297,11 +282,11 @@ def test_shutdown_closes_an_http2_connection_once_its_last_stream_is_done(tmp_pa
             server.process.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             assert _finish_h2_download(*downloads[0]) == BIG_SIZE
-            assert _seconds_until_eof(quiet) < 2
+            assert seconds_until_closed(quiet, None, 30) < 2
             assert _finish_h2_download(*downloads[1]) == BIG_SIZE
             time.sleep(0.3)  # the server has sent GOAWAY and its close_notify by now
             late.sendall(b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"8 bytes!")  # PING
-            assert _seconds_until_eof(late) < 2
+            assert seconds_until_closed(late, None, 30) < 2
     finally:
         code, stderr = server.stop()
     assert code == 0, stderr
@@ -391,7 +376,7 @@ def test_in_flight_request_finishes_on_the_old_build(
     link, a, b = two_builds
     server = start_server(link, tmp_path / "state")
     try:
-        sock, first = _start_slow_download(server)
+        sock, first = start_paused_download(server)
         _publish(link, b)
         shutil.rmtree(a.parent)  # build.py deletes old builds after a grace period
         assert b"build B" in get(server, "/").body
