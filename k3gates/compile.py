@@ -33,7 +33,8 @@ from types import ModuleType
 
 from . import faults
 
-# -O3 and -march=native let gcc vectorise the int64 loops; -fopenmp enables `#omp parallel for`.
+# -O3 and -march=native let the compiler vectorise the int64 loops; -fopenmp enables
+# `#omp parallel for`.
 # Pythran's interprocedural type combiner carries a callee's effect on an argument's type back to
 # the caller. Our helpers only take int64 scalars and arrays whose type a callee cannot change, so
 # it adds nothing, but g++ spent 94% of the compile resolving the type chains it writes (attnres:
@@ -66,6 +67,7 @@ PYTHRAN_FLAGS = (
     "-O3",
     "-march=native",
     "-fopenmp",
+    "-g0",  # Python's CFLAGS ask for -g: 8% of a compile for debug info the link strips
     "-w",
     "--config",
     "typing.max_interprocedural_combiner=0",
@@ -150,18 +152,65 @@ def dependencies(modname: str) -> dict[str, Path]:
     return dict(sorted(seen.items()))
 
 
+# clang++ first: g++ 12 spends 82% of a kernel compile instantiating Pythran's templates, at any
+# -O level, and clang++ 14 compiles our modules in half its time. Its code is as fast or faster
+# (kda, mla, moe, k3mu: bench/), except in the modules below, which keep g++: each one's bench
+# runs slower from clang++ (README, "Compile time").
+CLANG = ("clang++", "clang")
+GCC = ("g++", "gcc")
+GXX_MODULES = {
+    "k3gates.fx.kernels": "bench_fx: exp, rsqrt, sin/cos and SiTU-GLU 3-8% slower",
+    "k3gates.gemm.kernels": "bench_gemm: the int16 GEMM 0.6x (clang 14 forms no vpdpwssd)",
+    "k3gates.muon.kernels": "bench_muon: NS5 0.4x (its int16 GEMM)",
+    "k3gates.mxfp.kernels": "bench_mxfp: MXFP4 quantise and pack 0.6x",
+    "k3gates.attnres.kernels": "bench_attnres: RMS keys 0.93x",
+}
+_OPENMP_PROBE = "#include <omp.h>\nint main() { return omp_get_max_threads() < 1; }\n"
+
+
+def compilers(modname: str) -> tuple[str, str]:
+    """(CXX, CC) that compile `modname`: $CXX (with $CC) when set, as every build tool honours;
+    else g++ for GXX_MODULES and clang++ for the rest, when it builds OpenMP code (clang needs
+    libomp-dev); else g++."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"], os.environ.get("CC", "cc")
+    if modname not in GXX_MODULES and _builds_openmp(CLANG[0]):
+        return CLANG
+    return GCC
+
+
+@functools.lru_cache(maxsize=4)
+def _builds_openmp(cxx: str) -> bool:
+    if shutil.which(cxx) is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="k3-omp-") as scratch:
+        cmd = [cxx, "-fopenmp", "-x", "c++", "-", "-o", os.path.join(scratch, "probe")]
+        try:
+            proc = subprocess.run(
+                cmd, input=_OPENMP_PROBE, capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return proc.returncode == 0
+
+
+def _version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.splitlines()[0] if out.stdout else cxx
+    except OSError:
+        return f"{cxx} (not found)"
+
+
 @functools.lru_cache(maxsize=1)
 def toolchain() -> dict[str, str]:
     """Everything outside the sources that changes the compiled code."""
     import numpy
     import pythran
 
-    cxx = os.environ.get("CXX", "c++")
-    try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
-        compiler = out.stdout.splitlines()[0] if out.stdout else cxx
-    except OSError:
-        compiler = f"{cxx} (not found)"
+    # "" stands for every module outside GXX_MODULES
+    used = dict.fromkeys(compilers(m)[0] for m in ("", *GXX_MODULES))
+    compiler = "; ".join(_version(cxx) for cxx in used)
     return {
         "python": platform.python_version(),
         "numpy": numpy.__version__,
@@ -326,6 +375,7 @@ def _run_pythran(modname: str, key: str) -> str | None:
             text=True,
             timeout=COMPILE_TIMEOUT_S,
             cwd=scratch,
+            env={**os.environ, "CXX": compilers(modname)[0], "CC": compilers(modname)[1]},
             preexec_fn=_limit_memory,
         )
         ok = proc.returncode == 0 and so.is_file()

@@ -95,6 +95,29 @@ def test_a_failed_compile_is_cached_with_its_message(pkg: Path):
         kc.load("tpkg.user.kernels")
 
 
+def test_each_module_is_compiled_by_its_compiler(pkg: Path, monkeypatch: pytest.MonkeyPatch):
+    """clang++ unless the module is in GXX_MODULES (the compiler leaves its name in .comment)."""
+    monkeypatch.delenv("CXX", raising=False)
+    assert kc._builds_openmp("clang++"), "no clang++ with OpenMP: run `bash tests/bootstrap.sh`"
+    clang = kc.ensure("tpkg.lib.kernels").path.read_bytes()
+    monkeypatch.setitem(kc.GXX_MODULES, "tpkg.user.kernels", "a test")
+    gcc = kc.ensure("tpkg.user.kernels").path.read_bytes()
+    assert b"clang version" in clang and b"clang version" not in gcc
+
+
+def test_cxx_in_the_environment_chooses_the_compiler(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("CXX", "g++")
+    monkeypatch.setenv("CC", "gcc")
+    assert kc.compilers("k3gates.kda.kernels") == ("g++", "gcc")
+
+
+def test_without_clang_every_module_uses_gxx(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(kc, "CLANG", ("no-such-clang++", "no-such-clang"))
+    assert kc.compilers("k3gates.kda.kernels") == kc.GCC
+    assert kc.compilers("k3gates.gemm.kernels") == kc.GCC
+
+
 def test_no_compile_mode_refuses_a_cache_miss(pkg: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(kc.NO_COMPILE_ENV, "1")
     with pytest.raises(kc.CompileError, match="not compiled for key"):

@@ -125,8 +125,8 @@ def _round32(x, s):
     """fx.rshift_round(x, s), half away from zero, for results that fit int32 (1 <= s <= 62).
 
     floor((x + 2^(s-1) - [x < 0]) / 2^s) is that rounding; the floor shift is taken on the uint64
-    bits, which agree with the signed shift in the low 32 bits kept. Written so that gcc
-    vectorises it (AVX2 has no 64-bit arithmetic shift); `round32_array` lets a gate hold it to
+    bits, which agree with the signed shift in the low 32 bits kept. Written so that it
+    vectorises (AVX2 has no 64-bit arithmetic shift); `round32_array` lets a gate hold it to
     fx.rshift_round.
     """
     return np.int32(np.uint64(x + (1 << (s - 1)) - (x < 0)) >> np.uint64(s))
@@ -157,10 +157,10 @@ def _recurrent_head(qs, keys, v, alpha, beta, S, o, stats, st, u, w, h):
         for i in range(d_k):
             a = np.int64(alpha[t, h, i])
             ki = np.int64(keys[t, h, i])
-            base = i * d_v
+            row = st[i * d_v : (i + 1) * d_v]
             for j in range(d_v):
-                s = _round32(a * np.int64(st[base + j]), A_FRAC)
-                st[base + j] = s
+                s = _round32(a * np.int64(row[j]), A_FRAC)
+                row[j] = s
                 u[j] += ki * np.int64(s)
         # w = beta_t (v_t - u)
         b = np.int64(beta[t, h])
@@ -175,22 +175,22 @@ def _recurrent_head(qs, keys, v, alpha, beta, S, o, stats, st, u, w, h):
         for i in range(d_k):
             ki = np.int64(keys[t, h, i])
             qi = np.int64(qs[t, h, i])
-            base = i * d_v
+            row = st[i * d_v : (i + 1) * d_v]
             overflow = np.uint64(0)
             for j in range(d_v):
-                x = np.int64(st[base + j]) + np.int64(_round32(ki * w[j], QK_FRAC))
+                x = np.int64(row[j]) + np.int64(_round32(ki * w[j], QK_FRAC))
                 overflow |= _fits32(x)
                 y = np.int32(x)
-                st[base + j] = y
+                row[j] = y
                 u[j] += qi * np.int64(y)
             if overflow != np.uint64(0):  # undo the wrapped row and redo it saturating
                 for j in range(d_v):
-                    wrapped = np.int64(st[base + j])
+                    wrapped = np.int64(row[j])
                     add = np.int64(_round32(ki * w[j], QK_FRAC))
                     x = np.int64(np.int32(wrapped - add)) + add  # S' fits int32: S' + add
                     y = min(max(x, -DATA_MAX), DATA_MAX)
                     sat += x != y
-                    st[base + j] = y
+                    row[j] = y
                     u[j] += qi * (y - wrapped)
         for j in range(d_v):
             o[t, h, j] = min(max(rshift_round(u[j], QK_FRAC), -DATA_MAX), DATA_MAX)
@@ -215,7 +215,9 @@ def kda_recurrent(qs, k, v, alpha, beta, s0):
     Error: `recurrent_bound_lsb(T, d_k)` output LSB; any T (the state is O(1) in T).
 
     The state is held flat per head (row i at i d_v) and each row update is stored as int32
-    while an OR of overflow bits is kept: loops gcc vectorises. A row that overflowed (never
+    while an OR of overflow bits is kept: loops the compiler vectorises. Each row is reached by
+    a slice: indexed directly, st[i d_v + j] kept a check for a negative index that reads the
+    array's shape, and clang could not vectorise past the int64 stores that might change it. A row that overflowed (never
     within the analysed domain) is redone with saturation and counted.
     """
     t_len, n_h, d_v = v.shape[0], v.shape[1], v.shape[2]
