@@ -189,12 +189,18 @@ def test_signal_finishes_in_flight_and_exits_cleanly(
     sock, first = start_paused_download(server)
     server.process.send_signal(signum)
     time.sleep(0.5)  # the server is now draining; the download is still in flight
-    body = _finish_download(sock, first)
+    try:
+        body = _finish_download(sock, first)
+    except OSError as error:
+        raise AssertionError(f"download: {error!r}; server log:\n{server.stop()[1]}") from error
     code, stderr = server.stop(signum)
-    assert len(body) == BIG_SIZE and set(body) == {ord("A")}
+    # Every message carries the server's log: this test has failed rarely under load, and a
+    # bare assertion would not say why.
+    assert len(body) == BIG_SIZE, f"{len(body)} of {BIG_SIZE} bytes; server log:\n{stderr}"
+    assert set(body) == {ord("A")}, stderr
     assert code == 0, stderr
-    assert "Traceback" not in stderr
-    assert "Error" not in stderr
+    assert "Traceback" not in stderr, stderr
+    assert "Error" not in stderr, stderr
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
 
