@@ -103,6 +103,8 @@ def test_each_module_is_compiled_by_its_compiler(pkg: Path, monkeypatch: pytest.
     monkeypatch.setitem(kc.GXX_MODULES, "tpkg.user.kernels", "a test")
     gcc = kc.ensure("tpkg.user.kernels").path.read_bytes()
     assert b"clang version" in clang and b"clang version" not in gcc
+    compiler = kc.toolchain()["compiler"]  # the build's provenance names both
+    assert "clang version" in compiler and "g++" in compiler, compiler
 
 
 def test_cxx_in_the_environment_chooses_the_compiler(monkeypatch: pytest.MonkeyPatch):
