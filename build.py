@@ -1280,8 +1280,10 @@ def copy_assets(src: Path, dst: Path) -> dict[str, str]:
 def write_gzip_sidecars(stage: Path, previous: Path) -> None:
     """`x.gz` beside each compressible `x`, so the server never compresses on the request path.
 
-    A file whose bytes equal the published build's copy takes that build's sidecar: level 9
-    costs more than the rest of a no-change rebuild's render.
+    A file whose bytes equal the published build's copy takes that build's sidecar. Every page
+    carries the build time, so a rebuild compresses every page again: zlib's level 6, because
+    level 9 took 0.45 s of one core for the site's 14.9 MB (a third of a no-change rebuild) and
+    saved 1.5% of the bytes (2.84 MB against 2.88 MB).
     """
     old = previous.resolve() if previous.is_symlink() else None
 
@@ -1293,7 +1295,7 @@ def write_gzip_sidecars(stage: Path, previous: Path) -> None:
             if sidecar.is_file() and before.is_file() and before.read_bytes() == data:
                 shutil.copyfile(sidecar, f"{f}.gz")
                 return
-        Path(f"{f}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+        Path(f"{f}.gz").write_bytes(gzip.compress(data, compresslevel=6, mtime=0))
 
     files = [f for f in stage.rglob("*") if f.is_file() and f.suffix in COMPRESSIBLE]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # zlib frees the GIL

@@ -67,7 +67,7 @@ PYTHRAN_FLAGS = (
     "-O3",
     "-march=native",
     "-fopenmp",
-    "-g0",  # Python's CFLAGS ask for -g: 8% of a compile for debug info the link strips
+    "-g0",  # Python's CFLAGS ask for -g: g++ took twice as long building debug info the link strips
     "-w",
     "--config",
     "typing.max_interprocedural_combiner=0",
@@ -123,11 +123,19 @@ def _relative_imports(modname: str, path: Path) -> tuple[str, ...]:
     return _relative_imports_of(modname, path, st.st_mtime_ns, st.st_size)
 
 
-# Parsed once per file version: a build asks for every gate's dependencies several times.
+# Parsed once per file version: a build asks for every gate's dependencies several times, and
+# memoised on disk by the source's hash: parsing the 21 kernel modules took a quarter of a
+# no-change rebuild, and every gate process asked again.
 @functools.lru_cache(maxsize=512)
 def _relative_imports_of(modname: str, path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
+    text = path.read_bytes()
+    memo = memo_path("imports", modname.encode() + b"\0" + text)
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        return tuple(json.loads(memo.read_text()))
+    except (OSError, ValueError):
+        pass
+    try:
+        tree = ast.parse(text, filename=str(path))
     except SyntaxError as e:
         raise CompileError(f"{path}:{e.lineno}: syntax error: {e.msg}") from e
     package = modname.split(".")[:-1]
@@ -136,7 +144,21 @@ def _relative_imports_of(modname: str, path: Path, mtime_ns: int, size: int) -> 
         if isinstance(node, ast.ImportFrom) and node.level > 0:
             base = package[: len(package) - (node.level - 1)]
             found.append(".".join(base + ([node.module] if node.module else [])))
+    write_memo(memo, found)
     return tuple(found)
+
+
+def memo_path(kind: str, material: bytes) -> Path:
+    """Where a fact derived from `material` (a source's bytes, a compiler's identity) is kept:
+    read with json, written with write_memo."""
+    return cache_root() / "memo" / f"{kind}-{hashlib.sha256(material).hexdigest()[:32]}.json"
+
+
+def write_memo(path: Path, value: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)  # a concurrent reader sees the old memo or the new one, never half
 
 
 def dependencies(modname: str) -> dict[str, Path]:
@@ -174,15 +196,35 @@ def compilers(modname: str) -> tuple[str, str]:
     libomp-dev); else g++."""
     if os.environ.get("CXX"):
         return os.environ["CXX"], os.environ.get("CC", "cc")
-    if modname not in GXX_MODULES and _builds_openmp(CLANG[0]):
+    if modname not in GXX_MODULES and _compiler_facts(CLANG[0])["openmp"]:
         return CLANG
     return GCC
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
+def _compiler_facts(cxx: str) -> dict:
+    """`cxx`'s version line, and whether it compiles and links an OpenMP program.
+
+    Memoised on disk per compiler binary (its path, mtime and size): the probe takes 100-180 ms,
+    which every build and every gate process paid. Only a compiler that passed is memoised, so
+    installing libomp-dev later is seen by the next build."""
+    exe = shutil.which(cxx)
+    if exe is None:
+        return {"version": f"{cxx} (not found)", "openmp": False}
+    real = os.path.realpath(exe)
+    st = os.stat(real)
+    memo = memo_path("compiler", f"{cxx}\0{real}\0{st.st_mtime_ns}\0{st.st_size}".encode())
+    try:
+        return json.loads(memo.read_text())
+    except (OSError, ValueError):
+        pass
+    facts = {"version": _version(cxx), "openmp": _builds_openmp(cxx)}
+    if facts["openmp"]:
+        write_memo(memo, facts)
+    return facts
+
+
 def _builds_openmp(cxx: str) -> bool:
-    if shutil.which(cxx) is None:
-        return False
     with tempfile.TemporaryDirectory(prefix="k3-omp-") as scratch:
         cmd = [cxx, "-fopenmp", "-x", "c++", "-", "-o", os.path.join(scratch, "probe")]
         try:
@@ -198,7 +240,7 @@ def _version(cxx: str) -> str:
     try:
         out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
         return out.stdout.splitlines()[0] if out.stdout else cxx
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         return f"{cxx} (not found)"
 
 
@@ -210,7 +252,7 @@ def toolchain() -> dict[str, str]:
 
     # "" stands for every module outside GXX_MODULES
     used = dict.fromkeys(compilers(m)[0] for m in ("", *GXX_MODULES))
-    compiler = "; ".join(_version(cxx) for cxx in used)
+    compiler = "; ".join(_compiler_facts(cxx)["version"] for cxx in used)
     return {
         "python": platform.python_version(),
         "numpy": numpy.__version__,
@@ -367,6 +409,7 @@ def _run_pythran(modname: str, key: str) -> str | None:
         str(so),
         *PYTHRAN_FLAGS,
     ]
+    cxx, cc = compilers(modname)
     start = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -375,7 +418,7 @@ def _run_pythran(modname: str, key: str) -> str | None:
             text=True,
             timeout=COMPILE_TIMEOUT_S,
             cwd=scratch,
-            env={**os.environ, "CXX": compilers(modname)[0], "CC": compilers(modname)[1]},
+            env={**os.environ, "CXX": cxx, "CC": cc},
             preexec_fn=_limit_memory,
         )
         ok = proc.returncode == 0 and so.is_file()

@@ -11,9 +11,11 @@ of which may hold `gate.py` and `kernels.py`.
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .compile import memo_path, write_memo
 from .registry import Level, UnknownInnovation, canonical
 
 DEFAULT_TIMEOUT_S = 300.0  # a gate that runs longer must say so in its decorator
@@ -56,6 +58,54 @@ class GatePackage:
 def kernel_modules(packages: list[GatePackage]) -> list[str]:
     # kernels.py, or kernels_<part>.py when one innovation's kernels compile as several modules
     return [p.modname(f) for p in packages for f in sorted(p.path.glob("*/kernels*.py"))]
+
+
+def _file_sites(pkg: GatePackage, file: Path) -> tuple[list[GateSite], list[str]]:
+    """The gates of one gate.py and its problems. A file with none is memoised on disk by its
+    bytes (with this module's and the registry's): parsing every gate file was a fifth of a
+    no-change rebuild."""
+    text = file.read_bytes()
+    where = f"{file.resolve()}\0{pkg.root}\0".encode()
+    memo = memo_path("gates", where + text + _RULES.read_bytes() + _REGISTRY.read_bytes())
+    try:
+        return [_site_from_json(d, pkg, file) for d in json.loads(memo.read_text())], []
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        tree = ast.parse(text, filename=str(file))
+    except SyntaxError as e:
+        return [], [f"{file}:{e.lineno}: syntax error: {e.msg}"]
+    sites, problems = [], []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for dec in node.decorator_list:
+            call = _gate_call(dec)
+            if call is None:
+                continue
+            try:
+                sites.append(_site_from_call(call, pkg, file))
+            except DiscoveryError as e:
+                problems.append(str(e))
+    if not problems:
+        write_memo(memo, [_site_to_json(s) for s in sites])
+    return sites, problems
+
+
+_RULES = Path(__file__)
+_REGISTRY = Path(__file__).with_name("registry.py")
+_MEMO_FIELDS = ("id", "innovation", "line", "kernels", "timeout", "requires", "exclusive")
+
+
+def _site_to_json(site: GateSite) -> dict:
+    return {"level": site.level.name} | {f: getattr(site, f) for f in _MEMO_FIELDS}
+
+
+def _site_from_json(d: dict, pkg: GatePackage, file: Path) -> GateSite:
+    kernels = tuple(d["kernels"]) if d["kernels"] is not None else None
+    return GateSite(d["id"], d["innovation"], Level[d["level"]], pkg.modname(file), pkg.root,
+                    file, d["line"], kernels, d["timeout"], tuple(d["requires"]),
+                    d["exclusive"])  # fmt: skip
 
 
 def _literal(node: ast.expr, what: str, file: Path) -> object:
@@ -128,22 +178,9 @@ def discover_gates(packages: list[GatePackage]) -> list[GateSite]:
     problems: list[str] = []
     for pkg in packages:
         for file in sorted(pkg.path.glob("*/gate.py")):
-            try:
-                tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
-            except SyntaxError as e:
-                problems.append(f"{file}:{e.lineno}: syntax error: {e.msg}")
-                continue
-            for node in ast.walk(tree):
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
-                for dec in node.decorator_list:
-                    call = _gate_call(dec)
-                    if call is None:
-                        continue
-                    try:
-                        sites.append(_site_from_call(call, pkg, file))
-                    except DiscoveryError as e:
-                        problems.append(str(e))
+            found, bad = _file_sites(pkg, file)
+            sites += found
+            problems += bad
     seen: dict[str, GateSite] = {}
     for s in sites:
         if s.id in seen:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,30 @@ def test_a_library_face_works_from_any_working_directory(tmp_path: Path):
     )
     assert run.returncode == 0, run.stderr
     assert abs(float(run.stdout) - 0.5) < 1e-6
+
+
+def test_a_compiler_probe_is_memoised_only_once_it_passes(tmp_path: Path, monkeypatch):
+    """A compiler that builds OpenMP code is probed once per binary, not by every process; one
+    that cannot is probed again next time, so installing libomp-dev is seen at once."""
+    monkeypatch.setenv("K3GATES_CACHE", str(tmp_path / "cache"))
+    calls, rc = tmp_path / "calls", tmp_path / "rc"
+    fake = tmp_path / "bin" / "fake-cxx"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "fake c++ 1.0"\nexit $(cat {rc})\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+
+    def facts() -> tuple[dict, int]:
+        kc._compiler_facts.cache_clear()  # as a new process would
+        got = kc._compiler_facts("fake-cxx")
+        return got, len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    rc.write_text("1")  # the probe fails: no libomp
+    assert facts() == ({"version": "fake c++ 1.0", "openmp": False}, 2)
+    assert facts()[1] == 4  # probed again
+    rc.write_text("0")  # libomp-dev installed
+    assert facts() == ({"version": "fake c++ 1.0", "openmp": True}, 6)
+    assert facts() == ({"version": "fake c++ 1.0", "openmp": True}, 6)  # from the memo
+    fake.write_text(fake.read_text() + "# upgraded\n")  # a new binary is probed again
+    assert facts()[1] == 8
+    kc._compiler_facts.cache_clear()
