@@ -267,6 +267,7 @@ def build(s: Settings) -> int:
             building.start()
         packages = [GatePackage(p) for p in s.packages]
         gates = discover(packages, s.only)  # 1. discover gates and content
+        s = with_requirements(s, gates, progress)
         content = load_content(s.content)
         laps.mark("discover")
         compiled = compile_kernels(packages, gates, s, progress)  # 2-3. compile what changed
@@ -334,6 +335,16 @@ def discover(packages: list[GatePackage], only: tuple[str, ...]) -> list[GateSit
     if unknown:
         raise BuildError(f"--only: no gate named {', '.join(sorted(unknown))}")
     return gates
+
+
+def with_requirements(s: Settings, gates: list[GateSite], progress: Progress) -> Settings:
+    """--only X runs X and the gates X builds on, which would otherwise fail it as not run."""
+    if not s.only:
+        return s
+    only = runner.with_requirements(gates, s.only)
+    if added := sorted(set(only) - set(s.only)):
+        progress.log(f"--only: also runs {', '.join(added)}, which the chosen gates build on")
+    return dataclasses.replace(s, only=only)
 
 
 @dataclass

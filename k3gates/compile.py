@@ -124,8 +124,8 @@ def _relative_imports(modname: str, path: Path) -> tuple[str, ...]:
 
 
 # Parsed once per file version: a build asks for every gate's dependencies several times, and
-# memoised on disk by the source's hash: parsing the 21 kernel modules took a quarter of a
-# no-change rebuild, and every gate process asked again.
+# memoised on disk by the source's hash: parsing the 21 kernel modules took 0.16 s, about a sixth
+# of a no-change rebuild, and every gate process asked again.
 @functools.lru_cache(maxsize=512)
 def _relative_imports_of(modname: str, path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
     text = path.read_bytes()

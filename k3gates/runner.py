@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -187,41 +187,17 @@ def apply_requirements(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     innovation gate whose tolerance happened to absorb it.
     """
     by_id = {r["id"]: r for r in results}
-    foundations = [r for r in results if r.get("innovation") is None and r.get("kernels")]
-    needs: dict[str, list[tuple[str, str]]] = {}
-    for r in results:
-        try:
-            deps = {d for m in r.get("kernels") or [] for d in kcompile.dependencies(m)}
-        except kcompile.CompileError:
-            deps = set(r.get("kernels") or [])
-        mine = []
-        for f in foundations:
-            shared = sorted(deps & set(f["kernels"]))
-            if f is not r and shared:
-                mine.append((f["id"], f"proves the shared kernels {', '.join(shared)}"))
-        for req in r.get("requires") or []:
-            mine.append((req, "proves the kernels this gate composes"))
-        needs[r["id"]] = mine
+    needs = _needs(
+        [(r["id"], r.get("innovation"), r.get("kernels"), r.get("requires")) for r in results]
+    )
     own = {gid: bool(r["passed"]) for gid, r in by_id.items()}
-
-    def reachable(gate_id: str) -> set[str]:
-        """Every gate `gate_id` builds on, transitively (cycles among foundations are fine)."""
-        seen: set[str] = set()
-        todo = [d for d, _ in needs.get(gate_id, [])]
-        while todo:
-            d = todo.pop()
-            if d not in seen:
-                seen.add(d)
-                todo.extend(x for x, _ in needs.get(d, []))
-        return seen
-
     out = []
     for r in results:
         extra = []
         for dep, why in needs[r["id"]]:
-            below = reachable(dep) - {r["id"]}
+            below = _reachable(needs, [dep]) - {r["id"]}
             ok = own.get(dep, False) and all(own.get(x, False) for x in below)
-            if dep not in by_id:
+            if dep not in by_id or by_id[dep].get("status") == "skipped":
                 reason = f"required gate {dep} did not run in this build"
             elif not by_id[dep]["passed"]:
                 reason = f"required gate {dep} failed"
@@ -234,6 +210,48 @@ def apply_requirements(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 r = {**r, "passed": False, "status": "failed"}
         out.append(r)
     return out
+
+
+def with_requirements(gates: list[GateSite], only: tuple[str, ...]) -> tuple[str, ...]:
+    """`only` and every gate it builds on, transitively, by `apply_requirements`' rule: so
+    `--only muon_ns5` also runs the gemm_exact gate it stands on, rather than failing for lack of
+    it. A gate that names its kernels only at run time brings just its `requires=`."""
+    needs = _needs([(g.id, g.innovation, g.kernels, g.requires) for g in gates])
+    return tuple(sorted(set(only) | _reachable(needs, only)))
+
+
+def _needs(
+    gates: list[tuple[str, str | None, list[str] | tuple[str, ...] | None, Any]],
+) -> dict[str, list[tuple[str, str]]]:
+    """Per gate id (from (id, innovation, kernels, requires)): the gates it builds on, and why."""
+    foundations = [(gid, set(k)) for gid, inn, k, _ in gates if inn is None and k]
+    needs: dict[str, list[tuple[str, str]]] = {}
+    for gid, _, kernels, requires in gates:
+        try:
+            deps = {d for m in kernels or [] for d in kcompile.dependencies(m)}
+        except kcompile.CompileError:
+            deps = set(kernels or [])
+        mine = []
+        for fid, fkernels in foundations:
+            shared = sorted(deps & fkernels)
+            if fid != gid and shared:
+                mine.append((fid, f"proves the shared kernels {', '.join(shared)}"))
+        for req in requires or []:
+            mine.append((req, "proves the kernels this gate composes"))
+        needs[gid] = mine
+    return needs
+
+
+def _reachable(needs: dict[str, list[tuple[str, str]]], start: Iterable[str]) -> set[str]:
+    """Every gate the `start` gates build on, transitively (cycles among foundations are fine)."""
+    seen: set[str] = set()
+    todo = [d for s in start for d, _ in needs.get(s, [])]
+    while todo:
+        d = todo.pop()
+        if d not in seen:
+            seen.add(d)
+            todo.extend(x for x, _ in needs.get(d, []))
+    return seen
 
 
 def _requires_check(dep: str, why: str, ok: bool, message: str) -> dict[str, Any]:

@@ -124,6 +124,42 @@ def test_a_failed_required_gate_fails_its_dependants_transitively():
     assert out["mx_p"]["passed"]
 
 
+def test_a_required_gate_that_was_not_run_is_named_as_not_run():
+    """A --only build that skips a requirement says so, rather than calling it failed."""
+    from k3gates.runner import apply_requirements
+
+    skipped = {**_result("kda_recurrent", "kda", "HAVE", False), "status": "skipped"}
+    results = [
+        {**skipped, "kernels": []},
+        {**_result("k3block_forward", "k3block", "HAVE", True), "requires": ["kda_recurrent"]},
+    ]
+    out = {r["id"]: r for r in apply_requirements(results)}
+    req = next(c for c in out["k3block_forward"]["checks"] if c["name"] == "requires:kda_recurrent")
+    assert not req["passed"]
+    assert req["message"] == "required gate kda_recurrent did not run in this build"
+
+
+def test_only_brings_every_gate_the_chosen_gates_build_on():
+    """build.py --only muon_ns5 also runs gemm_exact (a foundations gate of its kernels), and
+    --only longctx_1m the kda and mla gates it requires, transitively."""
+    from pathlib import Path
+
+    from k3gates.discover import GatePackage, discover_gates
+    from k3gates.runner import with_requirements
+
+    sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
+    site = {s.id: s for s in sites}
+    muon = with_requirements(sites, ("muon_ns5",))
+    assert "muon_ns5" in muon and "gemm_exact" in muon
+    assert all(site[g].innovation in (None, "perheadmuon") for g in muon), muon
+    longctx = set(with_requirements(sites, ("longctx_1m",)))
+    direct = set(site["longctx_1m"].requires)
+    assert direct and direct <= longctx
+    below = {r for d in direct for r in site[d].requires} - direct
+    assert below <= longctx
+    assert set(with_requirements(sites, ())) == set()
+
+
 def test_longctx_1m_fails_when_a_kda_gate_it_requires_fails():
     """The real declarations: longctx_1m names the kda gates whose kernels it runs."""
     from pathlib import Path
