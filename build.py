@@ -3,7 +3,8 @@
     python build.py                 compile what changed, run (or reuse) the gates, render, publish
     python build.py --check         the same, then exit 1 if a gate fails or a claim is liar-killed
     python build.py --rerun         ignore reusable gate results and run every gate
-    python build.py --only GATE     run only this gate (others keep their reusable results)
+    python build.py --only GATE     run only this gate (others keep their reusable results; what
+                                    it builds on runs if it has none)
 
 The pipeline is `main()`, top to bottom. Every step that can be wrong about its input raises
 BuildError naming the file and the reason; the previous `public/` is then left as it was.
@@ -83,6 +84,7 @@ class Settings:
     jobs: int = max(1, os.cpu_count() or 1)  # parallel compiles and gates; more needs more RAM
     rerun: bool = False  # True ignores reusable gate results (slower, re-measures everything)
     only: tuple[str, ...] = ()  # run just these gates; the rest may still be reused
+    needed: tuple[str, ...] = ()  # what the `only` gates build on: run unless reusable
     check: bool = False  # exit non-zero on a failed gate or a liar-killed claim
     record: bool = False  # append this build's census to site_src/history.jsonl (clean tree only)
     watch: bool = False  # rebuild whenever k3gates/, site_src/ or templates/ change
@@ -338,13 +340,15 @@ def discover(packages: list[GatePackage], only: tuple[str, ...]) -> list[GateSit
 
 
 def with_requirements(s: Settings, gates: list[GateSite], progress: Progress) -> Settings:
-    """--only X runs X and the gates X builds on, which would otherwise fail it as not run."""
-    if not s.only:
-        return s
-    only = runner.with_requirements(gates, s.only)
-    if added := sorted(set(only) - set(s.only)):
-        progress.log(f"--only: also runs {', '.join(added)}, which the chosen gates build on")
-    return dataclasses.replace(s, only=only)
+    """--only X also runs the gates X builds on that have no result to reuse: without them X
+    would fail as built on a gate that did not run."""
+    needed = runner.requirements(gates, s.only)
+    if needed:
+        progress.log(
+            f"--only: the chosen gates build on {', '.join(needed)}; each of those runs unless "
+            "its result can be reused"
+        )
+    return dataclasses.replace(s, needed=needed)
 
 
 @dataclass
@@ -716,7 +720,7 @@ def compile_kernels(
         if str(pkg.root) not in sys.path:
             sys.path.insert(0, str(pkg.root))
     modules = kernel_modules(packages)
-    chosen = [g for g in gates if g.id in s.only]
+    chosen = [g for g in gates if g.id in s.only or g.id in s.needed]
     if chosen and all(g.kernels is not None for g in chosen):
         wanted = {m for g in chosen for m in g.kernels or ()}
         modules = [m for m in modules if m in wanted]
@@ -774,6 +778,7 @@ def run_gates(gates: list[GateSite], s: Settings, progress: Progress) -> list[di
             jobs=s.jobs,
             reuse=not s.rerun,
             only=set(s.only) or None,
+            needed=set(s.needed),
             on_event=on_event,
             pool=pool,
         )

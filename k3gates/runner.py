@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -81,15 +81,17 @@ def run_gates(
     jobs: int = 2,
     reuse: bool = True,
     only: set[str] | None = None,
+    needed: Collection[str] = (),
     on_event: Callable[[str, GateSite, dict | None], None] | None = None,
     pool: GatePool | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or reuse) every gate; results come back in the order of `sites`.
 
-    With `only`, just those gates run; every other gate is reused when it can be and otherwise
-    reported as "skipped" (not run, so not passing). The caller applies `apply_requirements` once
-    it has every result it will publish. `pool` says where gates run: this machine, `jobs` at a
-    time, unless another pool (a Dask cluster, `k3gates.cluster`) is given.
+    With `only`, just those gates run; every other gate is reused when it can be, else run if it
+    is `needed` (what the `only` gates build on), else reported as "skipped" (not run, so not
+    passing). The caller applies `apply_requirements` once it has every result it will publish.
+    `pool` says where gates run: this machine, `jobs` at a time, unless another pool (a Dask
+    cluster, `k3gates.cluster`) is given.
     """
     lock = threading.Lock()
     pool = pool or LocalPool(jobs)
@@ -104,7 +106,7 @@ def run_gates(
         old = _reusable(site) if reuse and not forced else None
         if old is not None:
             result = {**old, "ran": False, "reused_from": old["run_hash"]}
-        elif only is not None and not forced:
+        elif only is not None and not forced and site.id not in needed:
             result = _failure(
                 site, "skipped", "not run in this build (--only), and no result of it can be reused"
             )
@@ -212,12 +214,12 @@ def apply_requirements(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def with_requirements(gates: list[GateSite], only: tuple[str, ...]) -> tuple[str, ...]:
-    """`only` and every gate it builds on, transitively, by `apply_requirements`' rule: so
-    `--only muon_ns5` also runs the gemm_exact gate it stands on, rather than failing for lack of
-    it. A gate that names its kernels only at run time brings just its `requires=`."""
+def requirements(gates: list[GateSite], only: tuple[str, ...]) -> tuple[str, ...]:
+    """Every gate the `only` gates build on, transitively, by `apply_requirements`' rule, less
+    the `only` gates: so `--only muon_ns5` can run the gemm_exact gate it stands on, rather than
+    fail for lack of it. A gate that names its kernels only at run time brings its `requires=`."""
     needs = _needs([(g.id, g.innovation, g.kernels, g.requires) for g in gates])
-    return tuple(sorted(set(only) | _reachable(needs, only)))
+    return tuple(sorted(_reachable(needs, only) - set(only)))
 
 
 def _needs(

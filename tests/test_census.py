@@ -140,24 +140,26 @@ def test_a_required_gate_that_was_not_run_is_named_as_not_run():
 
 
 def test_only_brings_every_gate_the_chosen_gates_build_on():
-    """build.py --only muon_ns5 also runs gemm_exact (a foundations gate of its kernels), and
-    --only longctx_1m the kda and mla gates it requires, transitively."""
+    """build.py --only muon_ns5 needs gemm_exact (a foundations gate of its kernels), and
+    --only longctx_1m the kda and mla gates it requires, and --only vlm_training what its
+    requirements require."""
     from pathlib import Path
 
     from k3gates.discover import GatePackage, discover_gates
-    from k3gates.runner import with_requirements
+    from k3gates.runner import requirements
 
     sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
     site = {s.id: s for s in sites}
-    muon = with_requirements(sites, ("muon_ns5",))
-    assert "muon_ns5" in muon and "gemm_exact" in muon
+    muon = requirements(sites, ("muon_ns5",))
+    assert "gemm_exact" in muon and "muon_ns5" not in muon
     assert all(site[g].innovation in (None, "perheadmuon") for g in muon), muon
-    longctx = set(with_requirements(sites, ("longctx_1m",)))
-    direct = set(site["longctx_1m"].requires)
-    assert direct and direct <= longctx
+    longctx = set(requirements(sites, ("longctx_1m",)))
+    assert site["longctx_1m"].requires and set(site["longctx_1m"].requires) <= longctx
+    vlm = set(requirements(sites, ("vlm_training",)))
+    direct = set(site["vlm_training"].requires)
     below = {r for d in direct for r in site[d].requires} - direct
-    assert below <= longctx
-    assert set(with_requirements(sites, ())) == set()
+    assert below and direct | below <= vlm  # vision_block, through vision_backward
+    assert requirements(sites, ()) == ()
 
 
 def test_longctx_1m_fails_when_a_kda_gate_it_requires_fails():

@@ -68,3 +68,23 @@ def test_discovery_reads_the_flag(tmp_path: Path):
     )
     sites = {s.id: s for s in discover_gates([GatePackage(tmp_path / "pkg")])}
     assert sites["t1"].exclusive and not sites["t2"].exclusive
+
+
+def test_only_runs_what_its_gates_build_on_unless_it_can_be_reused(monkeypatch):
+    """build.py --only X: X runs; a gate X builds on runs when it has no result to reuse, and is
+    reused when it has one; any other gate without a result is skipped."""
+    ran: list[str] = []
+
+    def fake_run_one(site, *, threads, env_extra=None):
+        ran.append(site.id)
+        return {"id": site.id, "status": "error"}
+
+    stored = {"base_reused": {"id": "base_reused", "status": "passed", "run_hash": "h1"}}
+    monkeypatch.setattr(runner, "_run_one", fake_run_one)
+    monkeypatch.setattr(runner, "_reusable", lambda site: stored.get(site.id))
+    sites = [_site(g) for g in ("chosen", "base_missing", "base_reused", "other")]
+    out = runner.run_gates(sites, only={"chosen"}, needed={"base_missing", "base_reused"})
+    by_id = {r["id"]: r for r in out}
+    assert sorted(ran) == ["base_missing", "chosen"]
+    assert by_id["base_reused"]["reused_from"] == "h1" and not by_id["base_reused"]["ran"]
+    assert by_id["other"]["status"] == "skipped"
