@@ -839,7 +839,8 @@ def provenance(results: list[dict[str, Any]], compiled: list[kcompile.Compiled])
         "flags": tc["flags"],
         "gate_seconds": round(sum(r.get("seconds", 0.0) for r in results if r.get("ran")), 3),
         "gates_ran": sum(1 for r in results if r.get("ran")),
-        "gates_reused": sum(1 for r in results if not r.get("ran")),
+        "gates_reused": sum(1 for r in results if r.get("reused_from")),
+        "gates_skipped": sum(1 for r in results if r["status"] == "skipped"),
         "modules_compiled": sum(1 for c in compiled if not c.reused),
         "modules_reused": sum(1 for c in compiled if c.reused),
     }
@@ -1570,7 +1571,8 @@ def watch(s: Settings, poll: float = 0.5) -> int:
 def summary(census: dict, pages: int, laps: Laps) -> None:
     prov = census["provenance"]
     passed = sum(1 for g in census["gates"] if g["passed"])
-    failed = len(census["gates"]) - passed
+    skipped = prov["gates_skipped"]  # --only: not run, no result to reuse
+    failed = len(census["gates"]) - passed - skipped
     levels = ", ".join(f"{r['id']}={r['level']}" for r in census["innovations"])
     log(f"census: {census['arithmetic']} permille; {levels}")
     steps = ", ".join(f"{k} {v:.3f} s" for k, v in laps.steps.items())
@@ -1583,7 +1585,8 @@ def summary(census: dict, pages: int, laps: Laps) -> None:
     log(
         f"done: compiled {prov['modules_compiled']}, reused {prov['modules_reused']} modules; "
         f"gates ran {prov['gates_ran']}, reused {prov['gates_reused']}, "
-        f"passed {passed}, failed {failed}; {pages} pages written; {laps.total:.1f} s"
+        + (f"skipped {skipped}, " if skipped else "")
+        + f"passed {passed}, failed {failed}; {pages} pages written; {laps.total:.1f} s"
     )
 
 

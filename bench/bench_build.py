@@ -1,6 +1,7 @@
 """Build speed, cold against incremental, from one run on a copy of the project.
 
     python bench/bench_build.py
+    python bench/bench_build.py --issue-18    only the cold build of issue 18's gates
 
 Each row is a full `python build.py` in a throwaway copy with its own empty cache, timed from
 the outside, and shown as a ratio against the cold build. Then the render step alone per page and
@@ -59,7 +60,26 @@ def laps_of(report: str) -> dict[str, float]:
     return {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", line)}
 
 
+def print_phases(name: str, seconds: float, report: str) -> None:
+    lap = laps_of(report)
+    print(
+        f"{name + ':':<12} {seconds:>7.1f} s from the shell; "
+        f"compile {lap.get('compile', 0):.1f} s, gates {lap.get('gates', 0):.1f} s, "
+        f"render {lap.get('render', 0):.2f} s"
+    )
+
+
+def print_issue_18(gates: list[str], seconds: float, report: str) -> None:
+    print_phases("issue 18's", seconds, report)
+    done = re.search(r"done: (.*)$", report, re.M)
+    print(
+        f"  issue 18's: a cold build of the {len(gates)} gates it was filed against, on its own "
+        f"empty cache (--only, with what they build on): {done.group(1) if done else ''}"
+    )
+
+
 def main() -> None:
+    alone = "--issue-18" in sys.argv[1:]  # just that cold build (3 minutes, not 25)
     with tempfile.TemporaryDirectory(prefix="k3bench-") as tmp:
         project, cache = Path(tmp) / "project", Path(tmp) / "cache"
         project.mkdir()
@@ -73,6 +93,10 @@ def main() -> None:
         gates = issue_18_gates()
         only = [arg for g in gates for arg in ("--only", g)]
         issue_18 = run(project, Path(tmp) / "cache-issue-18", *only)
+        if alone:
+            print_issue_18(gates, *issue_18)
+            print(f"\nCPU: {cpu_model()}")
+            return
         cold, out = run(project, cache)
         rows.append(("cold build (empty cache)", cold, out))
         rows.append(("no-change rebuild", *run(project, cache)))
@@ -97,18 +121,8 @@ def main() -> None:
         )
     print(f"\nno-change rebuild is {cold / rows[1][1]:.0f}x faster than the cold build")
     cold_out = rows[0][2]
-    for name, (seconds, report) in (("cold build", (cold, cold_out)), ("issue 18's", issue_18)):
-        lap = laps_of(report)
-        print(
-            f"{name + ':':<12} {seconds:>7.1f} s from the shell; "
-            f"compile {lap.get('compile', 0):.1f} s, gates {lap.get('gates', 0):.1f} s, "
-            f"render {lap.get('render', 0):.2f} s"
-        )
-    done = re.search(r"done: (.*)$", issue_18[1], re.M)
-    print(
-        f"  issue 18's: a cold build of the {len(gates)} gates it was filed against, on its own "
-        f"empty cache (--only, with what they build on): {done.group(1) if done else ''}"
-    )
+    print_phases("cold build", cold, cold_out)
+    print_issue_18(gates, *issue_18)
     modules = re.findall(r"compile: (\S+) compiled in ([\d.]+) s", cold_out)
     print(f"\neach module's compile on the cold build ({len(modules)}, two at a time):")
     for name, seconds in sorted(modules, key=lambda m: -float(m[1])):

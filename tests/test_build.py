@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import HONEST_FAILURES, ROOT, BuildRun, tree_digest
+from conftest import HONEST_FAILURES, ROOT, BuildRun, build_module, tree_digest
 
 from k3gates.registry import INNOVATIONS
 
@@ -169,3 +169,26 @@ def test_the_published_site_is_a_symlink_swapped_whole(built_site: BuildRun):
     assert (target / "index.html").is_file() and (target / "census.json").is_file()
     assert (target / "404.html").is_file() and (target / "sitemap.xml").is_file()
     assert (target / "index.html.gz").is_file()
+
+
+def test_the_summary_counts_skipped_gates_apart_from_reused_and_failed(capsys):
+    """--only: a gate neither run nor reusable is skipped; the summary neither calls it reused
+    nor failed."""
+    b = build_module()
+    gates = [
+        {"id": "ran_ok", "passed": True, "status": "passed", "ran": True, "reused_from": None},
+        {"id": "old_ok", "passed": True, "status": "passed", "ran": False, "reused_from": "h"},
+        {"id": "ran_bad", "passed": False, "status": "failed", "ran": True, "reused_from": None},
+        {"id": "not_run", "passed": False, "status": "skipped", "ran": False, "reused_from": None},
+    ]
+    prov = b.provenance(gates, [])
+    assert (prov["gates_ran"], prov["gates_reused"], prov["gates_skipped"]) == (2, 1, 1)
+    census = {
+        "provenance": prov,
+        "gates": [{**g, "seconds": 1.0} for g in gates],
+        "innovations": [],
+        "arithmetic": "floor(1000 × 0 / 40) = 0",
+    }
+    b.summary(census, 3, b.Laps())
+    done = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done:"))
+    assert "gates ran 2, reused 1, skipped 1, passed 2, failed 1;" in done
