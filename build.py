@@ -342,6 +342,8 @@ def discover(packages: list[GatePackage], only: tuple[str, ...]) -> list[GateSit
 def with_requirements(s: Settings, gates: list[GateSite], progress: Progress) -> Settings:
     """--only X also runs the gates X builds on that have no result to reuse: without them X
     would fail as built on a gate that did not run."""
+    if not s.only:  # a whole build needs no closure: spare every build the kernels' imports
+        return s
     needed = runner.requirements(gates, s.only)
     if needed:
         progress.log(
