@@ -715,16 +715,15 @@ def compile_kernels(
 ) -> list[kcompile.Compiled]:
     """Compile every kernels module whose key the cache lacks; bad kernels fail their gates.
 
-    With --only, just the kernels those gates declare (everything if one declares them at run
-    time rather than as a literal).
+    With --only, just the kernels those gates declare (discovery reads them without importing).
     """
     for pkg in packages:  # the runner and this process must resolve the same modules
         if str(pkg.root) not in sys.path:
             sys.path.insert(0, str(pkg.root))
     modules = kernel_modules(packages)
     chosen = [g for g in gates if g.id in s.only or g.id in s.needed]
-    if chosen and all(g.kernels is not None for g in chosen):
-        wanted = {m for g in chosen for m in g.kernels or ()}
+    if chosen:
+        wanted = {m for g in chosen for m in g.kernels}
         modules = [m for m in modules if m in wanted]
     todo = [m for m in modules if not _cached(m)]
     if not todo:

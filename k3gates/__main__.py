@@ -104,11 +104,8 @@ def _choose(names: list[str]) -> list:
 
 def _compile_for(chosen: list) -> None:
     from . import compile as kcompile
-    from .discover import GatePackage, kernel_modules
 
-    modules = sorted({m for g in chosen for m in (g.kernels or ())})
-    if any(g.kernels is None for g in chosen):
-        modules = kernel_modules([GatePackage(Path(__file__).resolve().parent)])
+    modules = sorted({m for g in chosen for m in g.kernels})
     for m in modules:
         c = kcompile.ensure(m)
         how = "reused" if c.reused else f"compiled in {c.seconds:.1f} s"

@@ -217,7 +217,7 @@ def apply_requirements(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def requirements(gates: list[GateSite], only: tuple[str, ...]) -> tuple[str, ...]:
     """Every gate the `only` gates build on, transitively, by `apply_requirements`' rule, less
     the `only` gates: so `--only muon_ns5` can run the gemm_exact gate it stands on, rather than
-    fail for lack of it. A gate that names its kernels only at run time brings its `requires=`."""
+    fail for lack of it."""
     needs = _needs([(g.id, g.innovation, g.kernels, g.requires) for g in gates])
     return tuple(sorted(_reachable(needs, only) - set(only)))
 
@@ -366,7 +366,7 @@ def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[s
         "deps": {},
         "kernel_keys": {},
         "bounds": {},
-        "kernels": list(site.kernels or ()),
+        "kernels": list(site.kernels),
         "requires": list(site.requires),
         "toolchain": kcompile.toolchain(),
         "run_hash": "",

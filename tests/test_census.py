@@ -150,10 +150,6 @@ def test_only_brings_every_gate_the_chosen_gates_build_on():
 
     sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
     site = {s.id: s for s in sites}
-    from k3gates.k3block.gate import KERNEL_MODULES
-
-    # written out as a literal, so --only compiles just these; it must stay the gate's own list
-    assert sorted(site["k3block_forward"].kernels) == sorted(KERNEL_MODULES.values())
     muon = requirements(sites, ("muon_ns5",))
     assert "gemm_exact" in muon and "muon_ns5" not in muon
     assert all(site[g].innovation in (None, "perheadmuon") for g in muon), muon

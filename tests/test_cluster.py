@@ -63,7 +63,7 @@ def _sites(ids: list[str]) -> list:
 def both(env) -> tuple[dict, dict]:
     """The same gates on the local runner and on a 2-worker cluster, nothing reused."""
     sites = _sites(REAL + BROKEN + ENV)
-    for m in sorted({m for s in sites for m in s.kernels or ()}):
+    for m in sorted({m for s in sites for m in s.kernels}):
         kcompile.ensure(m)  # what build.py's compile step does before the local runner
     local = runner.run_gates(sites, jobs=2, reuse=False)
     with (

@@ -59,3 +59,85 @@ def test_an_edit_after_a_memoised_run_is_seen_and_a_bad_file_is_not_memoised(pkg
         with pytest.raises(DiscoveryError, match=rf"{gate_py}:8: gate id 'kda two' is not an"):
             discover_gates([pkg])
     assert len(_memos()) == 1  # the good version's only
+
+
+# -- kernels= named through module-level literals --------------------------------------------------
+NAMED = """
+from k3gates.gate import gate
+
+from ..shared.names import KERNELS
+from ..shared import names as N
+
+LOCAL = [KERNELS["a"], "k3gates.fx.kernels"]
+
+
+@gate("kda_named", innovation="kda", level="HAVE", kernels=[*KERNELS.values(), N.EXTRA])
+def named(ctx):
+    pass
+
+
+@gate("kda_local", innovation="kda", level="HAVE", kernels=tuple(LOCAL))
+def local(ctx):
+    pass
+"""
+NAMES = """
+KERNELS = {"a": "k3gates.kda.kernels", "b": "k3gates.mla.kernels"}
+EXTRA = "k3gates.moe.kernels"
+"""
+
+
+@pytest.fixture
+def named(pkg: GatePackage) -> GatePackage:
+    (pkg.path / "shared").mkdir()
+    (pkg.path / "shared" / "__init__.py").write_text("")
+    (pkg.path / "shared" / "names.py").write_text(NAMES)
+    (pkg.path / "kda" / "gate.py").write_text(NAMED)
+    return pkg
+
+
+def test_kernels_named_by_module_level_literals_resolve_without_importing(named: GatePackage):
+    site = {s.id: s for s in discover_gates([named])}
+    assert site["kda_named"].kernels == (
+        "k3gates.kda.kernels", "k3gates.mla.kernels", "k3gates.moe.kernels"
+    )  # fmt: skip
+    assert site["kda_local"].kernels == ("k3gates.kda.kernels", "k3gates.fx.kernels")
+
+
+def test_an_edit_to_the_module_that_names_the_kernels_is_seen_through_the_memo(named):
+    discover_gates([named])
+    names = named.path / "shared" / "names.py"
+    names.write_text(NAMES.replace("k3gates.mla.kernels", "k3gates.muon.kernels"))
+    site = {s.id: s for s in discover_gates([named])}
+    assert site["kda_named"].kernels[1] == "k3gates.muon.kernels"
+
+
+@pytest.mark.parametrize(
+    "expr, why",
+    [
+        ("_computed()", r"`_computed\(\)` is not a literal"),
+        ("MISSING", "`MISSING` is not bound to a literal"),
+        ("[KERNELS['zz']]", "'zz'"),
+        ("EXTRA", "must list modules"),
+    ],
+)
+def test_kernels_that_cannot_be_read_without_importing_name_the_file_and_line(named, expr, why):
+    gate_py = named.path / "kda" / "gate.py"
+    text = NAMED.replace("from ..shared import names as N", "from ..shared.names import EXTRA")
+    gate_py.write_text(text.replace("[*KERNELS.values(), N.EXTRA]", expr))
+    with pytest.raises(DiscoveryError, match=rf"{gate_py}:10: gate kda_named: kernels.*{why}"):
+        discover_gates([named])
+
+
+def test_every_project_gate_declares_at_run_time_the_kernels_discovery_read(tmp_path, monkeypatch):
+    """build.py --only compiles, and brings the gates proving, what discovery reads; the gate
+    runs with what its decorator computes on import. They must be the same list."""
+    import importlib
+
+    from k3gates.gate import REGISTRY
+
+    monkeypatch.setenv("K3GATES_CACHE", str(tmp_path / "cache"))
+    sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
+    for s in sites:
+        importlib.import_module(s.module)
+        assert REGISTRY[s.id].kernels == s.kernels, s.id
+    assert sum(len(s.kernels) > 3 for s in sites) >= 8  # the K3-μ gates name theirs by name

@@ -36,7 +36,7 @@ def fx_dependents() -> list:
 
     def on_fx(site) -> bool:
         try:
-            return any(FX in kcompile.dependencies(m) for m in site.kernels or ())
+            return any(FX in kcompile.dependencies(m) for m in site.kernels)
         except kcompile.CompileError:
             return False
 

@@ -468,16 +468,7 @@ Q24, Q20, Q16 = "LSB (2^-24)", "LSB (2^-20)", "LSB (2^-16)"
     "k3block_forward",
     innovation="k3block",
     level="HAVE",
-    # KERNEL_MODULES' values, written out: discovery reads a literal, and build.py --only then
-    # compiles these six rather than every module
-    kernels=[
-        "k3gates.k3block.kernels",
-        "k3gates.fx.kernels",
-        "k3gates.kda.kernels",
-        "k3gates.mla.kernels",
-        "k3gates.moe.kernels",
-        "k3gates.attnres.kernels",
-    ],
+    kernels=list(KERNEL_MODULES.values()),
     bounds=_block_bounds(),
     timeout=900,
     requires=[

@@ -47,7 +47,7 @@ FD_REL_TOL = 1e-4
 # bound; these compound over 4 layers and 26 stages): 2%.
 E2E_REL_TOL = 0.02
 LOSS_REL_TOL = 1e-4  # the integer summed loss against the twin's, relative
-BACKWARD_KERNELS = [KERNELS[k] for k in ("glue", "kda", "mla", "moe")]
+BACKWARD_KERNELS = [KERNELS["glue"], KERNELS["kda"], KERNELS["mla"], KERNELS["moe"]]
 
 
 def _cfg(**shape: int) -> Config:

@@ -13,6 +13,7 @@ import numpy as np
 from k3gates.fx.checks import check_compiled
 from k3gates.gate import GateContext, gate
 
+from ..k3mu.ops import KERNELS, MXQAT
 from ..situ import kernels as SK
 from ..situ import reference as situ_ref
 from . import expert as X
@@ -268,18 +269,16 @@ EXPERT_MATRICES = ("w1", "w3", "w2")
 VARIANTS_TABLE = "table:the variants' validation loss, and K3's expert memory"
 
 
-def _k3mu_kernels() -> list[str]:
-    from ..k3mu.ops import KERNELS, MXQAT
-
-    # mxfp's packer and situ's kernels: the export (expert.Kernels loads both)
-    return [*KERNELS.values(), MXQAT, "k3gates.mxfp.kernels", "k3gates.situ.kernels"]
+# K3-μ's kernels and the quantiser; mxfp's packer and situ's kernels: the export (expert.Kernels
+# loads both)
+K3MU_KERNELS = [*KERNELS.values(), MXQAT, "k3gates.mxfp.kernels", "k3gates.situ.kernels"]
 
 
 @gate(
     "mxfp_training",
     innovation="mxfp",
     level="PROVEN",
-    kernels=_k3mu_kernels(),
+    kernels=K3MU_KERNELS,
     bounds={"loss_curve": CURVE_REL_TOL, "qat_vs_unquantised": QAT_REL_TOL,
             "init_twin": INIT_REL_TOL, "quantiser_exact": 0},
     timeout=900,
