@@ -25,9 +25,9 @@ def compiled():
     return kc.load(MODNAME)
 
 
-def real_params(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
-    """Random real parameters: face.init (H = 2, dk = d / 2) with norm_w off its flat init."""
-    p = face.init(rng, d)
+def real_params(rng: np.random.Generator, d: int, heads: int = 2) -> dict[str, np.ndarray]:
+    """Random real parameters: face.init (dk = d / heads) with norm_w off its flat init."""
+    p = face.init(rng, d, heads)
     p["norm_w"] = p["norm_w"] + rng.normal(0.0, 0.2, p["norm_w"].shape)
     return p
 
@@ -80,9 +80,9 @@ def test_reference_backward_matches_finite_differences():
 
 
 # -- 2, 3. integer kernels vs the float reference on the same integer inputs ---------------------
-def compare(mod, B, T, d, seed, dy_scale=1.0, silent_start=False):
+def compare(mod, B, T, d, seed, dy_scale=1.0, silent_start=False, heads=2):
     rng = np.random.default_rng(seed)
-    pq, pr = quantize(real_params(rng, d))
+    pq, pr = quantize(real_params(rng, d, heads))
     x, dy = inputs(rng, B, T, d, dy_scale)
     if silent_start:
         x[:, 0] = 0  # v_0 = 0, so o_0 = 0 and the head RMSNorm amplifies dy by 1/sqrt(eps)
@@ -131,6 +131,14 @@ def test_integer_matches_reference_k3mu_width(compiled, seed):
     fwd, bwd = compare(compiled, B=2, T=24, d=64, seed=seed, dy_scale=0.3)
     assert check_forward(*fwd) < 1e-3
     assert max(check_backward(bwd).values()) < 1e-3
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_integer_matches_reference_one_head(compiled, seed):
+    """The passkey model's shape (d = 16: one head of dk = 16), H and dk read from the shapes."""
+    fwd, bwd = compare(compiled, B=2, T=24, d=16, seed=seed, heads=1)
+    check_forward(*fwd)
+    check_backward(bwd)
 
 
 def test_do_beyond_its_domain_is_scaled_into_it(compiled):
@@ -207,3 +215,13 @@ def test_params_table():
     assert opts["w_qkv"] == ("muon", 6, 0) and opts["w_o"] == ("muon", 2, 1)
     assert opts["a_head"] == ("fixed",)
     assert np.all((init["a_head"] >= 1) & (init["a_head"] <= 16))
+
+
+def test_params_table_of_one_head():
+    d = 16
+    table = face.params(1)
+    init = face.init(np.random.default_rng(0), d, heads=1)
+    assert {k: v.shape for k, v in init.items()} == {name: fn(d) for name, fn, _ in table}
+    opts = {name: opt for name, _, opt in table}
+    assert opts["w_qkv"] == ("muon", 3, 0) and opts["w_f"] == ("muon", 1, 0)
+    assert init["a_head"].shape == (1,) and init["norm_w"].shape == (16,)

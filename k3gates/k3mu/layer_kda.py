@@ -15,24 +15,26 @@ H_DEFAULT = 2  # K3-μ: 2 KDA heads of dk = dv = d / 2 (k3mu_contract.md)
 CONV = 4  # short-convolution kernel size
 
 
-def _hk(d: int) -> int:
-    return d  # H dk = 2 (d / 2): the K3-μ shapes
+def params(heads: int = H_DEFAULT) -> list[tuple]:
+    """(name, shape from d, optimizer) of a layer of `heads` heads of dk = dv = d / heads: the
+    heads' total width is d whatever their number, so only the per-head weights and the Muon
+    specs (one orthogonalisation per head) depend on it."""
+    return [
+        ("w_qkv", lambda d: (3 * d, d), ("muon", 3 * heads, 0)),  # q, k, v heads on rows
+        ("conv", lambda d: (3 * d, CONV), ("adamw",)),
+        ("w_b", lambda d: (heads, d), ("adamw",)),
+        ("w_f", lambda d: (d, d), ("muon", heads, 0)),
+        ("dt_bias", lambda d: (d,), ("adamw",)),
+        # a_head = exp(A_log) is a fixed buffer: the spec's gate takes it as given per head, and
+        # the issue fixes it (not trained) so the decay range set at init cannot collapse
+        ("a_head", lambda d: (heads,), ("fixed",)),
+        ("norm_w", lambda d: (d // heads,), ("adamw",)),
+        ("w_go", lambda d: (d, d), ("muon", heads, 0)),
+        ("w_o", lambda d: (d, d), ("muon", heads, 1)),  # heads on columns
+    ]
 
 
-# (name, shape from d, optimizer); H = 2, dk = d / 2
-PARAMS = [
-    ("w_qkv", lambda d: (3 * _hk(d), d), ("muon", 3 * H_DEFAULT, 0)),  # q, k, v heads on rows
-    ("conv", lambda d: (3 * _hk(d), CONV), ("adamw",)),
-    ("w_b", lambda d: (H_DEFAULT, d), ("adamw",)),
-    ("w_f", lambda d: (_hk(d), d), ("muon", H_DEFAULT, 0)),
-    ("dt_bias", lambda d: (_hk(d),), ("adamw",)),
-    # a_head = exp(A_log) is a fixed buffer: the spec's gate takes it as given per head, and the
-    # issue fixes it (not trained) so the decay range set at init cannot collapse
-    ("a_head", lambda d: (H_DEFAULT,), ("fixed",)),
-    ("norm_w", lambda d: (_hk(d) // H_DEFAULT,), ("adamw",)),
-    ("w_go", lambda d: (_hk(d), d), ("muon", H_DEFAULT, 0)),
-    ("w_o", lambda d: (d, _hk(d)), ("muon", H_DEFAULT, 1)),  # heads on columns
-]
+PARAMS = params()  # K3-μ's layer
 CACHE_NAMES = ("u", "c", "qkv", "nrm", "alpha", "sg", "beta", "S", "o", "oh", "rn", "gs", "gated")
 
 
@@ -40,22 +42,21 @@ class StateDomainError(ValueError):
     """The recurrence left the magnitudes kernels_kda's int64 arithmetic is analysed for."""
 
 
-def init(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
+def init(rng: np.random.Generator, d: int, heads: int = H_DEFAULT) -> dict[str, np.ndarray]:
     """Float64 initial values (the model quantises them to Q.20)."""
-    hk = _hk(d)
     return {
-        "w_qkv": rng.normal(0.0, d**-0.5, (3 * hk, d)),
+        "w_qkv": rng.normal(0.0, d**-0.5, (3 * d, d)),
         # PyTorch's Conv1d default for a depthwise kernel of 4: U(-1/sqrt(4), 1/sqrt(4))
-        "conv": rng.uniform(-0.5, 0.5, (3 * hk, CONV)),
-        "w_b": rng.normal(0.0, d**-0.5, (H_DEFAULT, d)),
-        "w_f": rng.normal(0.0, d**-0.5, (hk, d)),
+        "conv": rng.uniform(-0.5, 0.5, (3 * d, CONV)),
+        "w_b": rng.normal(0.0, d**-0.5, (heads, d)),
+        "w_f": rng.normal(0.0, d**-0.5, (d, d)),
         # negative bias: sigma(z) starts small, so alpha starts nearer 1 (longer memory)
-        "dt_bias": rng.uniform(-2.0, 0.0, hk),
+        "dt_bias": rng.uniform(-2.0, 0.0, d),
         # A_log = log(U[1, 16]) per head (Kimi Linear / Mamba2 init), stored as exp(A_log)
-        "a_head": np.exp(np.log(rng.uniform(1.0, 16.0, H_DEFAULT))),
-        "norm_w": np.ones(hk // H_DEFAULT),
-        "w_go": rng.normal(0.0, d**-0.5, (hk, d)),
-        "w_o": rng.normal(0.0, hk**-0.5, (d, hk)) * 0.5,
+        "a_head": np.exp(np.log(rng.uniform(1.0, 16.0, heads))),
+        "norm_w": np.ones(d // heads),
+        "w_go": rng.normal(0.0, d**-0.5, (d, d)),
+        "w_o": rng.normal(0.0, d**-0.5, (d, d)) * 0.5,
     }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..k3mu import layer_kda
 from ..k3mu import reference as glue_ref
 from ..k3mu.model import FACES, dequantize_params, quantize_params, sub
 
@@ -31,6 +32,7 @@ class SeqConfig:
     # add an embedding of the previous token (token 0 before the first): the position signal a
     # NoPE attention layer lacks, as K3's short convolution gives its KDA layers
     shift: bool = False
+    kda_heads: int = layer_kda.H_DEFAULT  # heads of every KDA layer, dk = dv = d / kda_heads
 
 
 def data(sequences: Callable, seed: int, steps: int, batch: int, held_out: int) -> dict:
@@ -50,7 +52,8 @@ def param_specs(cfg: SeqConfig, fixed: tuple[str, ...] = ()) -> dict[str, tuple]
         specs["emb_prev"] = ("adamw",)
     for i, kind in enumerate(cfg.kinds):
         specs[f"{i}.norm"] = ("adamw",)
-        for name, _shape, opt in FACES[kind].PARAMS:
+        face_params = layer_kda.params(cfg.kda_heads) if kind == "kda" else FACES[kind].PARAMS
+        for name, _shape, opt in face_params:
             specs[f"{i}.attn.{name}"] = tuple(opt)
     return {k: ("fixed",) if k in fixed else v for k, v in specs.items()}
 
@@ -67,7 +70,8 @@ def init(cfg: SeqConfig, seed: int) -> dict[str, np.ndarray]:
         p["emb_prev"] = rng.normal(0.0, 1.0, (cfg.vocab, cfg.d))
     for i, kind in enumerate(cfg.kinds):
         p[f"{i}.norm"] = np.ones(cfg.d)
-        for name, value in FACES[kind].init(rng, cfg.d).items():
+        heads = {"heads": cfg.kda_heads} if kind == "kda" else {}
+        for name, value in FACES[kind].init(rng, cfg.d, **heads).items():
             p[f"{i}.attn.{name}"] = np.asarray(value, dtype=np.float64)
     return quantize_params(p)
 
@@ -150,14 +154,16 @@ def evaluate(ops: Any, p: dict, cfg: SeqConfig, batch: tuple[np.ndarray, np.ndar
             "accuracy": float(np.mean(pred == rec["want"])), "pred": pred}  # fmt: skip
 
 
-def run(ops: Any, p: dict, cfg: SeqConfig, batches: list, held_out: tuple, steps: int, h: dict,
-        eval_every: int, fixed: tuple[str, ...] = ()) -> dict:  # fmt: skip
+def run(ops: Any, p: dict, cfg: SeqConfig, batches: list, held_out: tuple | Callable,
+        steps: int, h: dict, eval_every: int, fixed: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """Train `steps` steps on `batches` (a list of (tokens, targets)); evaluate on `held_out` at
-    step 0, every `eval_every` steps and at the end."""
+    step 0, every `eval_every` steps and at the end. `held_out` is one batch, or a function of
+    the step giving the batch to evaluate on there (a curriculum's current length)."""
     h = {**h, "steps": steps}
     specs = param_specs(cfg, fixed)
     state = {n: ops.init_state(spec, p[n]) for n, spec in specs.items()}
-    ev = evaluate(ops, p, cfg, held_out)
+    held_out_at = held_out if callable(held_out) else lambda _t: held_out
+    ev = evaluate(ops, p, cfg, held_out_at(0))
     out: dict = {"eval_steps": [0], "val": [ev["bits"]], "accuracy": [ev["accuracy"]],
                  "train": []}  # fmt: skip
     for t in range(1, steps + 1):
@@ -170,7 +176,7 @@ def run(ops: Any, p: dict, cfg: SeqConfig, batches: list, held_out: tuple, steps
                 p[name], state[name] = ops.step(spec, p[name], state[name], grads[name], lr, t, h)
         out["train"].append(rec["loss"] / rec["want"].size / math.log(2))
         if t % eval_every == 0 or t == steps:
-            ev = evaluate(ops, p, cfg, held_out)
+            ev = evaluate(ops, p, cfg, held_out_at(t))
             out["eval_steps"].append(t)
             out["val"].append(ev["bits"])
             out["accuracy"].append(ev["accuracy"])
