@@ -114,14 +114,16 @@ def test_a_count_outside_the_domain_is_refused(mla):
 def test_a_sequence_hides_its_passkey_at_the_depth_asked():
     tokens, targets = T.sequences(np.random.default_rng(0), 3, 100, 0.25)
     assert tokens.shape == targets.shape == (3, T.context(100))
+    n = T.prompt().size
     for seq, want in zip(tokens, targets, strict=True):
+        assert np.array_equal(seq[:n], T.prompt())
         at = int(np.flatnonzero(seq == T.KEY)[0])
-        assert at == 25 and seq[-T.DIGITS] == T.ASK
+        assert at == n + 25 and seq[-T.DIGITS] == T.ASK
         key = seq[at + 1 : at + 1 + T.DIGITS]
         assert np.array_equal(want[-T.ANSWER :], key) and (want[: -T.ANSWER] == -1).all()
         assert np.unique(key).size == T.DIGITS and (key < T.KEY).all() and (key >= 1).all()
         assert np.array_equal(seq[-T.DIGITS + 1 :], key[:-1])  # the answer so far, teacher-forced
-        filler = np.delete(seq, np.r_[at : at + 1 + T.DIGITS, seq.size - T.DIGITS : seq.size])
+        filler = np.delete(seq, np.r_[:n, at : at + 1 + T.DIGITS, seq.size - T.DIGITS : seq.size])
         assert (filler >= T.FILLER0).all() and filler.size == 100
 
 
@@ -151,13 +153,13 @@ def test_passkey_evidence_is_published_and_consistent(built_site: BuildRun):
 
 
 def test_a_zero_learning_rate_fails_the_threshold_and_the_accuracy(monkeypatch):
-    monkeypatch.setitem(T.HYPER, "lr", 0.0)
-    monkeypatch.setitem(T.HYPER, "lr_min", 0.0)
+    monkeypatch.setitem(T.HYPER, "cycles", ((100, 0.0, 0.0),))
     # the CPython rerun of one step and the long contexts have nothing to do with the rate, and
-    # weights that never move fail the same way after the first phase as after all four
+    # weights that never move fail the same way after 100 steps as after the whole curriculum
     monkeypatch.setattr(P, "compiled_step", lambda *a, **k: None)
-    monkeypatch.setattr(T, "PHASES", T.PHASES[:1])
-    monkeypatch.setattr(T, "STEPS", T.PHASES[0][0])
+    monkeypatch.setattr(T, "PHASES", ((100, *T.PHASES[0][1:]),))
+    monkeypatch.setattr(T, "STEPS", 100)
+    monkeypatch.setattr(T, "EVAL_AT", (50,))
     monkeypatch.setattr(pk_gate, "LENGTHS", (1 << 12,))
     monkeypatch.setattr(pk_gate, "_rows_against_float", lambda *a: None)
     ctx = GateContext(REGISTRY["passkey_retrieval"])

@@ -29,27 +29,29 @@ def train_beside_twin(
     *,
     steps: int,
     seed: int,
-    eval_every: int,
+    eval_every: int | tuple[int, ...],
     threshold: float,
-    start_tol: float,
+    start_tol: float | None,
     unit: str,
     data: dict | None = None,
     ops: tuple[type, type] = (IntOps, FloatOps),
 ) -> tuple[dict, dict, dict, float]:
     """Train the task's integer model and its float64 twin on the same batches and record the
-    shared training checks: the start within `start_tol` of log2(vocab) (knowing nothing), the
+    shared training checks: the start within `start_tol` of log2(vocab) (knowing nothing; None:
+    at least 10× the threshold, for a model whose fixed head starts it above log2(vocab)), the
     held-out loss below `threshold`, the twin curve within the gate's declared bound, and a
     bit-identical fresh-process rerun. Returns the data, the integer and twin runs, and the
     integer run's seconds."""
     cfg, h, fixed = task.CONFIG, dict(task.HYPER), getattr(task, "FIXED", ())
+    init = _init(task)
     rerun = start_rerun(ctx, "train_int", (steps, seed, eval_every, h), python_module=task.__name__)
     d = data or S.data(task.sequences, seed, steps, task.BATCH, task.HELD_OUT)
     int_ops, float_ops = ops
     t0 = time.perf_counter()
-    out = S.run(int_ops(ctx.compiled), S.init(cfg, seed), cfg, d["train"], d["eval"], steps, h,
+    out = S.run(int_ops(ctx.compiled), init(seed), cfg, d["train"], d["eval"], steps, h,
                 eval_every, fixed)  # fmt: skip
     int_s = time.perf_counter() - t0
-    twin = S.run(float_ops(), S.twin_params(S.init(cfg, seed)), cfg, d["train"], d["eval"],
+    twin = S.run(float_ops(), S.twin_params(init(seed)), cfg, d["train"], d["eval"],
                  steps, h, eval_every, fixed)  # fmt: skip
     check_training(
         ctx,
@@ -59,9 +61,15 @@ def train_beside_twin(
         unit=unit,
         rerun=rerun,
         first=S.result_arrays(out),
-        start_near=(math.log2(cfg.vocab), start_tol),
+        start_near=None if start_tol is None else (math.log2(cfg.vocab), start_tol),
     )
     return d, out, twin, int_s
+
+
+def _init(task: ModuleType):
+    """The task's initial weights from a seed: its own `init` if it fixes some (passkey's head),
+    else seq's."""
+    return getattr(task, "init", None) or (lambda seed: S.init(task.CONFIG, seed))
 
 
 def check_accuracy(
@@ -104,7 +112,7 @@ def compiled_step(
     for name, load in (("compiled", ctx.compiled), ("interpreted", ctx.interpreted)):
         t0 = time.perf_counter()
         outs = [
-            S.run(ops(load), S.init(cfg, seed), cfg, batch, batch[0], 1, h, 1, fixed)
+            S.run(ops(load), _init(task)(seed), cfg, batch, batch[0], 1, h, 1, fixed)
             for ops in variants
         ]
         runs[name] = digest(*[a for out in outs for a in S.result_arrays(out)])

@@ -155,10 +155,12 @@ def evaluate(ops: Any, p: dict, cfg: SeqConfig, batch: tuple[np.ndarray, np.ndar
 
 
 def run(ops: Any, p: dict, cfg: SeqConfig, batches: list, held_out: tuple | Callable,
-        steps: int, h: dict, eval_every: int, fixed: tuple[str, ...] = ()) -> dict:  # fmt: skip
+        steps: int, h: dict, eval_every: int | tuple[int, ...],
+        fixed: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """Train `steps` steps on `batches` (a list of (tokens, targets)); evaluate on `held_out` at
-    step 0, every `eval_every` steps and at the end. `held_out` is one batch, or a function of
-    the step giving the batch to evaluate on there (a curriculum's current length)."""
+    step 0, every `eval_every` steps (or at the steps it lists) and at the end. `held_out` is one
+    batch, or a function of the step giving the batch to evaluate on there (a curriculum's
+    current length)."""
     h = {**h, "steps": steps}
     specs = param_specs(cfg, fixed)
     state = {n: ops.init_state(spec, p[n]) for n, spec in specs.items()}
@@ -170,12 +172,13 @@ def run(ops: Any, p: dict, cfg: SeqConfig, batches: list, held_out: tuple | Call
         tokens, targets = batches[t - 1]
         rec = forward(ops, p, cfg, tokens, targets)
         grads = backward(ops, p, cfg, rec)
-        lr = ops.lr(t, h)
+        lr = learning_rate(ops, t, h)
         for name, spec in specs.items():
             if spec[0] != "fixed":
                 p[name], state[name] = ops.step(spec, p[name], state[name], grads[name], lr, t, h)
         out["train"].append(rec["loss"] / rec["want"].size / math.log(2))
-        if t % eval_every == 0 or t == steps:
+        due = t in eval_every if isinstance(eval_every, tuple) else t % eval_every == 0
+        if due or t == steps:
             ev = evaluate(ops, p, cfg, held_out_at(t))
             out["eval_steps"].append(t)
             out["val"].append(ev["bits"])
@@ -183,6 +186,22 @@ def run(ops: Any, p: dict, cfg: SeqConfig, batches: list, held_out: tuple | Call
     out["pred"] = ev["pred"]
     out["params"] = p
     return out
+
+
+def learning_rate(ops: Any, t: int, h: dict) -> Any:
+    """The rate at step t (from 1): ops' warm-up and cosine over the run, or, when h["cycles"]
+    lists (steps, lr, lr_min) per cycle, the same warm-up and cosine restarted in each cycle (a
+    curriculum's phases: the rate is high where a phase starts on a new length and low where it
+    ends, on the floor of the loss)."""
+    if "cycles" not in h:
+        return ops.lr(t, h)
+    start = 0
+    for cycle in h["cycles"]:
+        if t <= start + cycle[0]:
+            break
+        start += cycle[0]
+    n, lr, lr_min = cycle
+    return ops.lr(t - start, {**h, "steps": n, "lr": lr, "lr_min": lr_min})
 
 
 def result_arrays(out: dict) -> tuple:
