@@ -38,7 +38,7 @@ FIXTURE_GATES = ROOT / "tests" / "fixtures" / "fixture_gates"
 HONEST_FAILURES = {
     "muon_training": {"loss_curve"},
     "attnres_training": {"loss_curve"},
-    "passkey_retrieval": {"loss_curve", "passkey_accuracy"},
+    "passkey_retrieval": {"accuracy_2_16"},
 }
 
 

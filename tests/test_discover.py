@@ -130,14 +130,25 @@ def test_kernels_that_cannot_be_read_without_importing_name_the_file_and_line(na
 
 def test_every_project_gate_declares_at_run_time_the_kernels_discovery_read(tmp_path, monkeypatch):
     """build.py --only compiles, and brings the gates proving, what discovery reads; the gate
-    runs with what its decorator computes on import. They must be the same list."""
-    import importlib
-
-    from k3gates.gate import REGISTRY
+    runs with what its decorator computes on import. They must be the same list. The gate
+    modules are imported in a child process, as the runner does: importing k3gates.kda.gate here
+    would bind the package's `gate` name to that module, over the library face's kda.gate."""
+    import json
+    import subprocess
+    import sys
 
     monkeypatch.setenv("K3GATES_CACHE", str(tmp_path / "cache"))
     sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
+    code = (
+        "import importlib, json, sys\n"
+        "from k3gates.gate import REGISTRY\n"
+        "for m in sys.argv[1:]: importlib.import_module(m)\n"
+        "print(json.dumps({i: list(s.kernels) for i, s in REGISTRY.items()}))\n"
+    )
+    modules = sorted({s.module for s in sites})
+    out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[1])  # fmt: skip
+    declared = json.loads(out.stdout)
     for s in sites:
-        importlib.import_module(s.module)
-        assert REGISTRY[s.id].kernels == s.kernels, s.id
+        assert tuple(declared[s.id]) == s.kernels, s.id
     assert sum(len(s.kernels) > 3 for s in sites) >= 8  # the K3-μ gates name theirs by name
