@@ -131,8 +131,8 @@ def test_kernels_that_cannot_be_read_without_importing_name_the_file_and_line(na
 def test_every_project_gate_declares_at_run_time_the_kernels_discovery_read(tmp_path, monkeypatch):
     """build.py --only compiles, and brings the gates proving, what discovery reads; the gate
     runs with what its decorator computes on import. They must be the same list. The gate
-    modules are imported in a child process, as the runner does: importing k3gates.kda.gate here
-    would bind the package's `gate` name to that module, over the library face's kda.gate."""
+    modules are imported in a child process, as the runner does, so that this process's registry
+    stays as the other tests find it."""
     import json
     import subprocess
     import sys
@@ -152,3 +152,26 @@ def test_every_project_gate_declares_at_run_time_the_kernels_discovery_read(tmp_
     for s in sites:
         assert tuple(declared[s.id]) == s.kernels, s.id
     assert sum(len(s.kernels) > 3 for s in sites) >= 8  # the K3-μ gates name theirs by name
+
+
+def test_no_library_face_binds_the_name_of_a_module_of_its_package():
+    """Importing k3gates.kda.gate sets the attribute `gate` of k3gates.kda to that module; a face
+    function of the same name would be replaced by it in any process that imports the gate."""
+    import ast
+
+    root = Path(__file__).parents[1] / "k3gates"
+    clashes = []
+    for init in sorted(root.glob("*/__init__.py")):
+        modules = {p.stem for p in init.parent.glob("*.py")} | {
+            p.parent.name for p in init.parent.glob("*/__init__.py")
+        }
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bound = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                bound = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            else:
+                continue
+            clashes += [f"{init}:{node.lineno}: {b}" for b in bound if b in modules]
+    assert clashes == []

@@ -85,9 +85,9 @@ def test_compiled_equals_interpreted_on_negative_inputs():
     assert np.array_equal(compiled.kda_gate(gq, a, b), interpreted.kda_gate(gq, a, b))
 
 
-def test_gate_is_k3s_lower_bounded_form():
+def test_decay_gate_is_k3s_lower_bounded_form():
     g_raw = np.linspace(-20, 20, 64).reshape(8, 1, 8)
-    g = kda.gate(g_raw, np.array([0.0]), np.zeros((1, 8)))
+    g = kda.decay_gate(g_raw, np.array([0.0]), np.zeros((1, 8)))
     assert np.all((g >= -5) & (g <= 0))
     assert np.abs(g - (-5 / (1 + np.exp(-g_raw)))).max() < 1e-6
 

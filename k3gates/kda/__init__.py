@@ -2,7 +2,7 @@
 
     o, S = recurrent(q, k, v, g, beta)                  # the serve form, token by token
     o, S = chunked(q, k, v, g, beta, chunk_size=64)      # the chunkwise-parallel training form
-    g = gate(g_raw, A_log, dt_bias)                     # K3's g = -5 sigma(exp(A_log)(g_raw + b))
+    g = decay_gate(g_raw, A_log, dt_bias)               # K3's g = -5 sigma(exp(A_log)(g_raw + b))
 
 Shapes: q, k [T, H, d_k]; v [T, H, d_v]; g [T, H, d_k] (log-decay, <= 0); beta [T, H] in [0, 1];
 initial_state [H, d_k, d_v]; o [T, H, d_v]; S [H, d_k, d_v]. `scale` (default d_k^-1/2)
@@ -99,7 +99,7 @@ def chunked(q, k, v, g, beta, chunk_size=64, scale=None, initial_state=None):
     return _floats_out(o, S)
 
 
-def gate(g_raw, A_log, dt_bias):
+def decay_gate(g_raw, A_log, dt_bias):
     """K3's lower-bounded gate g = -5 sigma(exp(A_log[h]) (g_raw + dt_bias[h])), in (-5, 0].
 
     g_raw [T, H, d_k], A_log [H], dt_bias [H, d_k]. exp(A_log) is a per-head parameter and is
