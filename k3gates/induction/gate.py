@@ -45,7 +45,7 @@ def mla_induction(ctx: GateContext) -> None:
     held-out accuracy on the repeated half at least 95%, loss below 0.3 bits/token and within 3%
     of its float64 twin, bit-identical in a fresh process; decode over the latent cache equal to
     the full forward bit for bit; the ungated variant reported at equal steps."""
-    d = S.data(I.sequences, SEED, STEPS, I.BATCH, I.HELD_OUT)
+    d = P.task_data(I, SEED, STEPS)
     # before the training: a wrong kernel is caught in seconds, not after the whole run
     P.compiled_step(ctx, I, d, seed=SEED, tiny=TINY, variants=(IntOps, I.OpenGateOps),
                     what=", gated and with the gate held open,")  # fmt: skip

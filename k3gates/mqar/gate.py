@@ -53,7 +53,7 @@ def kda_mqar(ctx: GateContext) -> None:
     MQAR here: 16 pairs, 128 tokens, vocabulary 64; W_f stays at its initial value. The loss
     ends below 0.5 bits/query, within 3% of its float64 twin at every evaluation, bit-identical
     in a fresh process; with beta fixed at 0, at equal steps, it is at least 10 points worse."""
-    d = S.data(Q.sequences, SEED, STEPS, Q.BATCH, Q.HELD_OUT)
+    d = P.task_data(Q, SEED, STEPS)
     # before the training: a wrong kernel is caught in seconds, not after the whole run
     P.compiled_step(ctx, Q, d, seed=SEED, tiny=TINY, variants=(IntOps,))
     d, out, twin, int_s = P.train_beside_twin(

@@ -67,7 +67,7 @@ def passkey_retrieval(ctx: GateContext) -> None:
     The loss ends below 0.3 bits/digit, within 3% of its float64 twin at every evaluation,
     bit-identical in a fresh process; the MLA layer run at the answer rows alone equals the
     same layer run at every row, bit for bit, and float64 at 2^16 tokens within its bound."""
-    d = T.data(SEED)
+    d = P.task_data(T, SEED, T.STEPS)
     # before the training: a wrong kernel is caught in seconds, not after the whole run
     P.compiled_step(ctx, T, d, seed=SEED, tiny=TINY, variants=(T.RowsInt,))
     _, out, twin, int_s = P.train_beside_twin(

@@ -5,18 +5,25 @@ compiled training step to CPython's.
 A task module (mqar/task.py, induction/task.py, passkey/task.py) gives CONFIG, HYPER, BATCH,
 HELD_OUT, `sequences(rng, n)`, FIXED (the weights it does not train; optional) and `train_int`,
 the integer run as one call for the fresh-process rerun. A task whose batches change over the
-run (passkey's curriculum) passes them as `data`, and a task whose model computes a layer its
-own way passes its two ops classes as `ops`.
+run (passkey's curriculum) gives `data(seed)`, and a task whose model computes a layer its own
+way passes its two ops classes as `ops`. The float64 twin trains in a fresh process beside the
+integer run.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import pickle
+import tempfile
+import threading
 import time
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
+from .. import fresh
 from ..gate import GateContext, digest
 from ..k3mu.ops import FloatOps, IntOps
 from ..training import check_training, start_rerun
@@ -40,19 +47,19 @@ def train_beside_twin(
     shared training checks: the start within `start_tol` of log2(vocab) (knowing nothing; None:
     at least 10× the threshold, for a model whose fixed head starts it above log2(vocab)), the
     held-out loss below `threshold`, the twin curve within the gate's declared bound, and a
-    bit-identical fresh-process rerun. Returns the data, the integer and twin runs, and the
-    integer run's seconds."""
+    bit-identical fresh-process rerun. `data`, if given, is what `task_data` gives (a gate that
+    needs the batches first computes them once). Returns the data, the integer and twin runs,
+    and the integer run's seconds."""
     cfg, h, fixed = task.CONFIG, dict(task.HYPER), getattr(task, "FIXED", ())
-    init = _init(task)
     rerun = start_rerun(ctx, "train_int", (steps, seed, eval_every, h), python_module=task.__name__)
-    d = data or S.data(task.sequences, seed, steps, task.BATCH, task.HELD_OUT)
     int_ops, float_ops = ops
+    twin_run = _Twin(task.__name__, steps, seed, eval_every, h, float_ops)
+    d = data or task_data(task, seed, steps)
     t0 = time.perf_counter()
-    out = S.run(int_ops(ctx.compiled), init(seed), cfg, d["train"], d["eval"], steps, h,
+    out = S.run(int_ops(ctx.compiled), _init(task)(seed), cfg, d["train"], d["eval"], steps, h,
                 eval_every, fixed)  # fmt: skip
     int_s = time.perf_counter() - t0
-    twin = S.run(float_ops(), S.twin_params(init(seed)), cfg, d["train"], d["eval"],
-                 steps, h, eval_every, fixed)  # fmt: skip
+    twin = twin_run.result()
     check_training(
         ctx,
         curve=np.array(out["val"]),
@@ -64,6 +71,51 @@ def train_beside_twin(
         start_near=None if start_tol is None else (math.log2(cfg.vocab), start_tol),
     )
     return d, out, twin, int_s
+
+
+def task_data(task: ModuleType, seed: int, steps: int) -> dict:
+    """The task's batches: its own `data(seed)` if its batches change over the run (passkey's
+    curriculum), else `steps` batches of BATCH sequences and HELD_OUT held-out ones."""
+    if hasattr(task, "data"):
+        return task.data(seed)
+    return S.data(task.sequences, seed, steps, task.BATCH, task.HELD_OUT)
+
+
+def train_twin(task_name: str, steps: int, seed: int, eval_every: int | tuple[int, ...], h: dict,
+               float_ops: type, path: str) -> None:  # fmt: skip
+    """The float64 twin's run, pickled to `path`: what a fresh process runs for `_Twin`."""
+    task = importlib.import_module(task_name)
+    d = task_data(task, seed, steps)
+    twin = S.run(float_ops(), S.twin_params(_init(task)(seed)), task.CONFIG, d["train"],
+                 d["eval"], steps, h, eval_every, getattr(task, "FIXED", ()))  # fmt: skip
+    Path(path).write_bytes(pickle.dumps(twin))
+
+
+class _Twin:
+    """The float64 twin training in a fresh process of one thread, started before the integer
+    run: on two cores it runs beside the integer run and its rerun instead of after them."""
+
+    def __init__(self, task_name: str, *args: object) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="k3twin-")
+        self._path = str(Path(self._dir.name) / "twin.pickle")
+        job = (task_name, *args, self._path)
+        self._error: BaseException | None = None
+        # a daemon thread, as the rerun's: a gate that fails before asking does not wait for it
+        self._thread = threading.Thread(target=self._run, args=(job,), daemon=True)
+        self._thread.start()
+
+    def _run(self, job: tuple) -> None:
+        try:
+            fresh.run_digest(__name__, "train_twin", job, threads=1, python=True)
+        except BaseException as e:  # re-raised in the gate's thread by result()
+            self._error = e
+
+    def result(self) -> dict:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        with self._dir:
+            return pickle.loads(Path(self._path).read_bytes())
 
 
 def _init(task: ModuleType):
