@@ -29,16 +29,9 @@ FIXTURE_GATES = ROOT / "tests" / "fixtures" / "fixture_gates"
 #   vs 0.0044 at step 195; both under the 0.01 threshold): the trajectories part after step 150.
 # - attnres_training: the run goes on far below its 1e-8 threshold, to losses of 1e-14 where the
 #   integer loss's own resolution dominates, and the ratio there reaches 2.4.
-# - passkey_retrieval (issue 15, longctx PROVEN) fails the same tolerance, and its accuracy bar:
-#   two float64 runs 1e-9 apart part by 100x on this task (k3gates/passkey/task.py's training
-#   is chaotic), and it retrieves 85% of the passkeys at its trained length where 95% is asked.
-#   Some 40 recipes have been measured float64 against float64 (issue 15's notes): every one
-#   that retrieves 38 of 40 passkeys or more parts from a copy with 2^-20 noise in its initial
-#   weights by more than 3%.
 HONEST_FAILURES = {
     "muon_training": {"loss_curve"},
     "attnres_training": {"loss_curve"},
-    "passkey_retrieval": {"accuracy_2_16"},
 }
 
 

@@ -1,13 +1,13 @@
 """1M context PROVEN on its own task (issue 15): passkey retrieval, trained in integers.
 
-`passkey_retrieval` trains a KDA layer of one head and a Gated MLA layer (task.py says why not
-three KDA layers, and why one head) in integers on passkey retrieval (task.py), on a curriculum
-that ends at 2^12 filler tokens, beside its float64 twin and through the shared training helper;
-holds the exact-match accuracy at the trained length to 95%; then evaluates the trained model,
-without further training, at 2^12, 2^14 and 2^16 filler tokens with the passkey at five depths,
-and holds 2^16 to the accuracy declared below. The MLA layer's queries run at the answer rows
-only (K3-μ's kernels_mla with t0 = T - 5); the gate holds that run to the same kernel's run at
-every row, bit for bit, and to float64 at 2^16 tokens.
+`passkey_retrieval` trains a KDA layer and a Gated MLA layer (task.py says why not three KDA
+layers, why one KDA head and why width 24) in integers on passkey retrieval (task.py), on a
+curriculum that ends at 2^12 filler tokens, beside its float64 twin and through the shared
+training helper; holds the exact-match accuracy at the trained length to 95%; then evaluates the
+trained model, without further training, at 2^12, 2^14 and 2^16 filler tokens with the passkey
+at five depths, and holds 2^16 to the accuracy declared below. The MLA layer's queries run at
+the answer rows only (K3-μ's kernels_mla with t0 = T - 5); the gate holds that run to the same
+kernel's run at every row, bit for bit, and to float64 at 2^16 tokens.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def passkey_retrieval(ctx: GateContext) -> None:
     _rows_equal_full(ctx, ops, p, d)
     _rows_against_float(ctx, ops, p)
     ctx.evidence(
-        f"A KDA layer of one head and a Gated MLA layer (d = {T.CONFIG.d}) trained {T.STEPS} "
+        f"A KDA layer ({T.CONFIG.kda_heads} head) and a Gated MLA layer (d = {T.CONFIG.d}), "
+        f"trained {T.STEPS} "
         f"steps in integers on passkey retrieval: {acc:.0%} of passkeys at {LENGTHS[0]:,} "
         "filler tokens, "
         + ", ".join(f"{np.mean(np.concatenate(grid[n])):.0%} at {n:,}" for n in LENGTHS[1:])
