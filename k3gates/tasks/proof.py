@@ -16,17 +16,15 @@ import importlib
 import math
 import pickle
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
-from .. import fresh
 from ..gate import GateContext, digest
 from ..k3mu.ops import FloatOps, IntOps
-from ..training import check_training, start_rerun
+from ..training import Rerun, check_training, start_rerun
 from . import seq as S
 
 
@@ -92,30 +90,19 @@ def train_twin(task_name: str, steps: int, seed: int, eval_every: int | tuple[in
 
 
 class _Twin:
-    """The float64 twin training in a fresh process of one thread, started before the integer
-    run: on two cores it runs beside the integer run and its rerun instead of after them."""
+    """The float64 twin training in a fresh process, started before the integer run: on two
+    cores it runs beside the integer run and its rerun instead of after them. The process is
+    started as the rerun's is (training.Rerun); it writes the run to a file it is given."""
 
     def __init__(self, task_name: str, *args: object) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="k3twin-")
-        self._path = str(Path(self._dir.name) / "twin.pickle")
-        job = (task_name, *args, self._path)
-        self._error: BaseException | None = None
-        # a daemon thread, as the rerun's: a gate that fails before asking does not wait for it
-        self._thread = threading.Thread(target=self._run, args=(job,), daemon=True)
-        self._thread.start()
-
-    def _run(self, job: tuple) -> None:
-        try:
-            fresh.run_digest(__name__, "train_twin", job, threads=1, python=True)
-        except BaseException as e:  # re-raised in the gate's thread by result()
-            self._error = e
+        self._path = Path(self._dir.name) / "twin.pickle"
+        self._proc = Rerun(__name__, "train_twin", (task_name, *args, str(self._path)), True)
 
     def result(self) -> dict:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self._proc.digest()  # waits; re-raises the process's failure
         with self._dir:
-            return pickle.loads(Path(self._path).read_bytes())
+            return pickle.loads(self._path.read_bytes())
 
 
 def _init(task: ModuleType):
