@@ -142,10 +142,11 @@ def test_passkey_evidence_is_published_and_consistent(built_site: BuildRun):
     trained = [row[0] for row in heat["values"]]
     acc = check(g, "passkey_accuracy")
     assert acc["values"]["accuracy"] == pytest.approx(np.mean(trained))
-    assert acc["passed"] == (acc["values"]["accuracy"] >= pk_gate.ACCURACY_MIN)
+    assert acc["passed"] and acc["values"]["accuracy"] >= pk_gate.ACCURACY_MIN == 0.95
     far = check(g, "accuracy_2_16")
     assert far["values"]["minimum"] == pk_gate.ACCURACY_2_16_MIN
     assert far["values"]["accuracy"] == pytest.approx(np.mean([row[-1] for row in heat["values"]]))
+    assert far["passed"] and far["values"]["accuracy"] >= pk_gate.ACCURACY_2_16_MIN
     assert check(g, "rows_equal_full")["passed"]
     text = (built_site.out / "innovations" / "longctx" / "index.html").read_text()
     assert "passkeys retrieved, by context length and depth" in text
