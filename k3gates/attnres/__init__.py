@@ -26,11 +26,12 @@ eps finite and >= 0; dh of h's shape with |dh| < 2^30.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from .. import compile as _compile
-from ..fx import quantize, value
+from ..fx import host, quantize, value
 from .kernels import MAX_SOURCES
 
 KERNELS = "k3gates.attnres.kernels"
@@ -77,7 +78,8 @@ def _sources(sources: object, eps: float) -> tuple[np.ndarray, int, int]:
         raise ValueError(f"eps: expected a finite eps >= 0, got {eps!r}")
     fv = V_BITS - _top_exponent(a)
     if eps > 0:
-        fv = min(fv, math.floor((EPS_RAW_BITS - math.log2(eps)) / 2))
+        # floor((EPS_RAW_BITS - log2 eps) / 2), exactly: the format is a kernel input
+        fv = min(fv, host.floor_log2(Fraction(2**EPS_RAW_BITS) / Fraction(eps)) // 2)
     v = quantize(a.reshape(a.shape[0], -1, a.shape[-1]), fv)
     return np.ascontiguousarray(v), fv, int(quantize(np.float64(eps), 2 * fv))
 

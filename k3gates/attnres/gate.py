@@ -22,6 +22,7 @@ from k3gates.fx.checks import lsb
 from k3gates.gate import GateContext, gate
 from k3gates.training import check_training, start_rerun
 
+from ..fx import host
 from . import reference as ref
 from .kernels import (
     ALPHA_MAX_ERR_LSB_Q10,
@@ -49,7 +50,7 @@ def real(a: np.ndarray, frac: int = F) -> np.ndarray:
 
 def sources(rng: np.random.Generator, n: int, t_len: int = T_TOKENS, d: int = D) -> np.ndarray:
     """v [n, T, d] in Q.24: N(0, 1) rows times a per-row scale 2^U(-10, 5), |v| < 64."""
-    scale = 2.0 ** rng.uniform(-10, 5, (n, t_len, 1))
+    scale = host.exp2(rng.uniform(-10, 5, (n, t_len, 1)))
     v = np.clip(rng.standard_normal((n, t_len, d)) * scale, -63.99, 63.99)
     return np.ascontiguousarray(quantize(v, F))
 
@@ -77,7 +78,7 @@ def with_edges(rng: np.random.Generator, v: np.ndarray) -> np.ndarray:
 def query(rng: np.random.Generator, size: float, d: int = D) -> np.ndarray:
     """w [d] in Q.24 with sqrt(d) ||w|| = size (the largest score a key can reach)."""
     w = rng.standard_normal(d)
-    return quantize(w * size / (np.sqrt(d) * np.linalg.norm(w)), F)
+    return quantize(w * size / (np.sqrt(d) * np.sqrt((w * w).sum())), F)  # no BLAS dot
 
 
 def forward_ref(v: np.ndarray, w: np.ndarray, eps_raw: int = EPS_RAW):
@@ -594,7 +595,7 @@ def grad_ref_lsb(v, w, g, fd, eps_raw=EPS_RAW) -> np.ndarray:
 
 def upstream(rng: np.random.Generator, t_len: int, d: int = D) -> np.ndarray:
     """g = dL/dh [T, d] in Q.24: N(0, 1) rows times 2^U(-6, 3)."""
-    g = rng.standard_normal((t_len, d)) * 2.0 ** rng.uniform(-6, 3, (t_len, 1))
+    g = rng.standard_normal((t_len, d)) * host.exp2(rng.uniform(-6, 3, (t_len, 1)))
     return np.ascontiguousarray(quantize(np.clip(g, -63.99, 63.99), F))
 
 
@@ -746,14 +747,22 @@ def teacher_problem(seed: int) -> dict[str, np.ndarray]:
     sqrt(d) ||w*|| = 12, and its mix as the target; the student starts at w = 0 (the paper's
     initialisation: the uniform mean)."""
     rng = np.random.default_rng(seed)
-    v = rng.standard_normal((TRAIN_N, TRAIN_T, TRAIN_D)) * 2.0 ** rng.uniform(
-        -1, 1, (TRAIN_N, TRAIN_T, 1)
+    v = rng.standard_normal((TRAIN_N, TRAIN_T, TRAIN_D)) * host.exp2(
+        rng.uniform(-1, 1, (TRAIN_N, TRAIN_T, 1))
     )
     v = np.ascontiguousarray(quantize(v, F))
     w = rng.standard_normal(TRAIN_D)
-    w_star = w * TEACHER_SIZE / (np.sqrt(TRAIN_D) * np.linalg.norm(w))
-    target = quantize(ref.attnres(real(v), w_star, real(EPS_RAW, 2 * F))[0], F)
+    w_star = w * TEACHER_SIZE / (np.sqrt(TRAIN_D) * np.sqrt((w * w).sum()))  # no BLAS dot
+    target = quantize(_teacher_mix(real(v), w_star, real(EPS_RAW, 2 * F)), F)
     return {"v": v, "target": np.ascontiguousarray(target), "w_star": w_star}
+
+
+def _teacher_mix(v: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """ref.attnres's h, in host math (k3gates/fx/host.py): the target is a kernel input, so it
+    takes no CPU-dependent exp or BLAS product."""
+    keys = v / np.sqrt((v * v).sum(axis=-1, keepdims=True) / v.shape[-1] + eps)
+    alpha = host.softmax((keys * w).sum(axis=-1), axis=0)  # [n, T]
+    return (alpha[:, :, None] * v).sum(axis=0)
 
 
 def _train_args(p: dict, steps: int = TRAIN_STEPS) -> tuple:

@@ -22,9 +22,12 @@ value outside its domain, and for shapes that do not fit.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from .. import compile as _compile
+from . import host
 
 KERNELS = "k3gates.fx.kernels"
 FRAC_IN = 40  # sigmoid, tanh, exp: input resolution 2^-40
@@ -144,9 +147,10 @@ def _norm_formats(x: np.ndarray, eps: float, eps_count: int) -> tuple[int, int, 
     fx = 30 - _top_exponent(x)
     rows = x.reshape(-1, x.shape[-1])
     biggest = 2.0 * float(np.max(np.sum(np.ldexp(rows, fx) ** 2, axis=-1))) + 1.0
-    k = max(0, int(np.ceil(np.log2(biggest))) - 60)
+    # the shift is a kernel input: ceil(log2 .) exactly (host.py), not by the CPU's log2
+    k = max(0, host.ceil_log2(biggest) - 60)
     if eps > 0:
-        k = max(k, int(np.ceil(2 * fx + np.log2(eps_count * eps))) - 60)
+        k = max(k, 2 * fx + host.ceil_log2(eps_count * Fraction(eps)) - 60)
     return fx, k, int(quantize(np.float64(eps), 2 * fx - k))
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from k3gates.gate import GateContext, gate
 
+from . import host
 from . import reference as ref
 from .checks import (
     SEED,
@@ -812,8 +813,17 @@ def _rsqrt_reference(ctx: GateContext, k, rng: np.random.Generator) -> None:
     bits = rng.integers(1, 63, 1 << 22)
     xr = np.maximum(rng.integers(0, 2**62, bits.size) >> (62 - bits), 1)
     fir = rng.integers(-20, 101, xr.size)
-    lv = -(np.log2(xr.astype(np.float64)) - fir) / 2  # log2 of the result
-    for_ = (35 - np.floor(lv)).astype(np.int64)  # results in [2^35, 2^36) raw
+    # floor(log2 of the result) = floor((fir - log2 x) / 2), exactly from x's bit length b:
+    # (fir - b + 1) // 2 when x = 2^(b-1), else (fir - b) // 2
+    b = np.zeros_like(xr)
+    rest = xr.copy()
+    for s in (32, 16, 8, 4, 2, 1):
+        top = rest >= (1 << s)
+        b += s * top
+        rest = np.where(top, rest >> s, rest)
+    b += 1
+    lv = (fir - b + ((xr & (xr - 1)) == 0)) // 2
+    for_ = (35 - lv).astype(np.int64)  # results in [2^35, 2^36) raw
     ctx.check_reference(
         "rsqrt_random",
         "1/sqrt(x) for random x of every bit length 1..62 in random formats Q.-20..Q.100",
@@ -864,7 +874,7 @@ def _rsqrt_reference(ctx: GateContext, k, rng: np.random.Generator) -> None:
 
 def _norm_rows(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
     """4096 rows of 256 Q.20 values with per-row scales 2^-10..2^3 (|x| <= 100)."""
-    scale = np.exp2(rng.uniform(-10, 3, (4096, 1)))
+    scale = host.exp2(rng.uniform(-10, 3, (4096, 1)))
     x = np.clip(rng.standard_normal((4096, 256)) * scale, -100, 100)
     x[0] = 0.0  # a zero row: eps alone
     x[1] = 0.0
@@ -948,7 +958,7 @@ def fx_softmax(ctx: GateContext) -> None:
 
 
 def _softmax_rows(rng: np.random.Generator) -> np.ndarray:
-    scale = np.exp2(rng.uniform(-4, 5, (4096, 1)))
+    scale = host.exp2(rng.uniform(-4, 5, (4096, 1)))
     x = rng.standard_normal((4096, 256)) * scale
     x[0] = 3.25  # uniform: every p is 2^31 / 256 exactly
     x[1] = -1000.0

@@ -107,6 +107,7 @@ def _check_i16_random(ctx: GateContext, k, rng: np.random.Generator) -> int:
         for kind in ("q14", "small", "full"):
             a, b = _i16(rng, m, kk, kind), _i16(rng, n, kk, kind)
             c, s = k.gemm_i16(a, b)
+            # audit: the reference's expected values
             w, ws = ref.sat32(ref.gemm_f64(a, b).astype(np.int64))
             got.append(c.ravel())
             want.append(w.ravel())
@@ -127,7 +128,7 @@ def _check_i16_random(ctx: GateContext, k, rng: np.random.Generator) -> int:
         domain=f"seeded random at {len(cases)} shape x range cases, {got_all.size:,} outputs",
         cases=cases,
         int32_path_outputs=fast,
-        int64_path_outputs=int(want_all.size - fast),
+        int64_path_outputs=int(want_all.size - fast),  # audit: a count for the page
     )
     ctx.check(
         "i16_random_saturations",
@@ -175,6 +176,7 @@ def _check_i16_edges(ctx: GateContext, k) -> int:
         # so that its guard is decided by its own norm: 2^31 x 2^31 = 2^62 must not pass
         for a, b in ((e, e), (crafted, np.repeat(crafted, NR, axis=0))):
             c, s = k.gemm_i16(a, b)
+            # audit: the reference's values
             w, ws = ref.sat32(np.array(ref.gemm_int(a, b), dtype=np.int64))
             got.append(c.ravel())
             want.append(w.ravel())
@@ -259,6 +261,7 @@ def _check_i64(ctx: GateContext, k, rng: np.random.Generator) -> int:
         "integers), and 0 outside its domain, for shifts 0, 1, 17, 31, 62, on random operands "
         "out to 2^40, tile remainders, K > TILE_K, and K = 1 extremes out to 2^62 - 1",
         _words(g),
+        # audit: the reference's words (Python ints)
         _words(w),
         unit=WORDS,
         function="gemm_i64",

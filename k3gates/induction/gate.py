@@ -58,7 +58,7 @@ def mla_induction(ctx: GateContext) -> None:
     cfg, h = I.CONFIG, dict(I.HYPER)
     ops = IntOps(ctx.compiled)
     dec = ctx.compiled(I.DECODE_KERNELS)
-    samples = _decode(ctx, ops, dec, out["params"], d["eval"][0])
+    samples = _decode(ctx, ops, dec, out["params"], d["eval"][0])  # audit: trained int weights
     open_out = S.run(I.OpenGateOps(ctx.compiled), S.init(cfg, SEED), cfg, d["train"], d["eval"],
                      STEPS, h, EVAL_EVERY)  # fmt: skip
     ctx.evidence(

@@ -113,7 +113,7 @@ def train_command(steps: int, out: Path, seed: int, every: int) -> int:
         "val_bits": loss_q * 2.0**-32 / tokens / np.log(2),
         "val_nats": loss_q * 2.0**-32 / tokens,
         "seconds": round(result["seconds"], 1),
-        "tokens_per_s": round(result["tokens"] / result["seconds"]),
+        "tokens_per_s": round(result["tokens"] / result["seconds"]),  # audit: a figure to print
         "provenance": {"commit": _commit(), "cpu": kcompile.cpu_model(), "started": started},
     }
     save(out, result["params"], meta)

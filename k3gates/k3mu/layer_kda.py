@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx import host
+
 H_DEFAULT = 2  # K3-μ: 2 KDA heads of dk = dv = d / 2 (k3mu_contract.md)
 CONV = 4  # short-convolution kernel size
 
@@ -45,18 +47,19 @@ class StateDomainError(ValueError):
 def init(rng: np.random.Generator, d: int, heads: int = H_DEFAULT) -> dict[str, np.ndarray]:
     """Float64 initial values (the model quantises them to Q.20)."""
     return {
-        "w_qkv": rng.normal(0.0, d**-0.5, (3 * d, d)),
+        "w_qkv": rng.normal(0.0, host.inv_sqrt(d), (3 * d, d)),
         # PyTorch's Conv1d default for a depthwise kernel of 4: U(-1/sqrt(4), 1/sqrt(4))
         "conv": rng.uniform(-0.5, 0.5, (3 * d, CONV)),
-        "w_b": rng.normal(0.0, d**-0.5, (heads, d)),
-        "w_f": rng.normal(0.0, d**-0.5, (d, d)),
+        "w_b": rng.normal(0.0, host.inv_sqrt(d), (heads, d)),
+        "w_f": rng.normal(0.0, host.inv_sqrt(d), (d, d)),
         # negative bias: sigma(z) starts small, so alpha starts nearer 1 (longer memory)
         "dt_bias": rng.uniform(-2.0, 0.0, d),
-        # A_log = log(U[1, 16]) per head (Kimi Linear / Mamba2 init), stored as exp(A_log)
-        "a_head": np.exp(np.log(rng.uniform(1.0, 16.0, heads))),
+        # A_log = log(U[1, 16]) per head (Kimi Linear / Mamba2 init), stored as exp(A_log): the
+        # draw itself (exp(log(u)) would only add the host's last-bit rounding)
+        "a_head": rng.uniform(1.0, 16.0, heads),
         "norm_w": np.ones(d // heads),
-        "w_go": rng.normal(0.0, d**-0.5, (d, d)),
-        "w_o": rng.normal(0.0, d**-0.5, (d, d)) * 0.5,
+        "w_go": rng.normal(0.0, host.inv_sqrt(d), (d, d)),
+        "w_o": rng.normal(0.0, host.inv_sqrt(d), (d, d)) * 0.5,
     }
 
 

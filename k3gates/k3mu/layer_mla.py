@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx import host
+
 N_HEADS = 2
 
 
@@ -58,7 +60,7 @@ def init(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
         if len(shape) == 1:
             p[name] = np.ones(shape)
         else:
-            p[name] = rng.normal(0.0, shape[1] ** -0.5, shape)
+            p[name] = rng.normal(0.0, host.inv_sqrt(shape[1]), shape)
     p["w_o"] = p["w_o"] * 0.5
     return p
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx import host
 from ..mxqat.expert import E2M1, E4M3, RULE_ROUND_UP
 
 TOP_K = 2  # experts per token
@@ -63,7 +64,7 @@ def init(rng: np.random.Generator, d: int) -> dict[str, np.ndarray]:
     scale (the FFN adds onto the residual stream), w_n = 1, bias = 0."""
 
     def normal(shape, fan_in, gain=1.0):
-        return rng.normal(0.0, gain * fan_in**-0.5, shape)
+        return rng.normal(0.0, gain * host.inv_sqrt(fan_in), shape)
 
     n, d_l, h, h_s = N_EXPERTS, d_latent(d), h_expert(d), h_shared(d)
     return {

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import compile as _compile
+from ..fx import host
 
 KERNELS = "k3gates.kda.kernels"
 QK_FRAC, V_FRAC, A_FRAC, G_FRAC = 24, 20, 30, 24  # as in kernels.py
@@ -54,7 +55,7 @@ def _inputs(q, k, v, g, beta, scale, initial_state):
         )
     if not 1 <= d_k <= MAX_DK:
         raise ValueError(f"k: expected 1 <= d_k <= {MAX_DK}, got {d_k}")
-    scale = d_k**-0.5 if scale is None else float(scale)
+    scale = host.inv_sqrt(d_k) if scale is None else float(scale)
     qs = q * scale
     if np.abs(qs).max(initial=0) > 1 or (np.linalg.norm(k, axis=-1) > 1 + 1e-6).any():
         raise ValueError("q, k: expected |scale * q_i| <= 1 and L2-normalised keys (||k|| <= 1)")
@@ -109,7 +110,7 @@ def decay_gate(g_raw, A_log, dt_bias):
     A_log, dt_bias = _floats(A_log, "A_log", 1), _floats(dt_bias, "dt_bias", 2)
     if A_log.shape != (g_raw.shape[1],) or dt_bias.shape != g_raw.shape[1:]:
         raise ValueError(f"A_log [H] and dt_bias [H, d_k]: expected H, d_k = {g_raw.shape[1:]}")
-    a = np.exp(A_log)
+    a = host.exp(A_log)
     if (np.abs(g_raw) >= 64).any() or (np.abs(dt_bias) >= 64).any() or (a >= 64).any():
         raise ValueError("g_raw, dt_bias and exp(A_log): expected magnitudes below 64")
     g = _kernels().kda_gate(

@@ -9,6 +9,7 @@ import numpy as np
 
 from k3gates.gate import GateContext, digest, gate
 
+from ..fx import host
 from . import kernels as K
 from . import reference as ref
 
@@ -30,9 +31,9 @@ def _problem(rng, t_len=T_GATE, n_h=H_GATE, d_k=DK_GATE, d_v=DV_GATE, state=True
     """Random K3-like inputs, quantised: unit q (times d_k^-1/2) and k, v ~ N(0, 1), the gate's
     g = -5 sigma(N(0, 2^2)) so alpha spans (e^-5, 1), beta = sigma(N(0, 1))."""
     k = rng.standard_normal((t_len, n_h, d_k))
-    q = _unit(rng.standard_normal((t_len, n_h, d_k))) * d_k**-0.5
-    g = -5.0 / (1.0 + np.exp(-2.0 * rng.standard_normal((t_len, n_h, d_k))))
-    beta = 1.0 / (1.0 + np.exp(-rng.standard_normal((t_len, n_h))))
+    q = _unit(rng.standard_normal((t_len, n_h, d_k))) * host.inv_sqrt(d_k)
+    g = -5.0 * host.sigmoid(2.0 * rng.standard_normal((t_len, n_h, d_k)))
+    beta = host.sigmoid(rng.standard_normal((t_len, n_h)))
     s0 = rng.standard_normal((n_h, d_k, d_v)) * 0.25 if state else np.zeros((n_h, d_k, d_v))
     return {
         "qs": _q(q, K.QK_FRAC, np.int32),

@@ -8,6 +8,7 @@ import numpy as np
 from k3gates import fresh, gradcheck
 from k3gates.gate import GateContext, digest, gate
 
+from ..fx import host
 from . import kernels as K
 from . import reference as ref
 
@@ -39,14 +40,14 @@ def _inputs(t_len: int) -> dict[str, np.ndarray]:
     def q(a: np.ndarray, frac: int) -> np.ndarray:
         return np.ascontiguousarray(np.round(a * 2.0**frac).astype(np.int32))
 
-    g = -5.0 / (1.0 + np.exp(-2.0 * rng.standard_normal(shape)))
+    g = -5.0 * host.sigmoid(2.0 * rng.standard_normal(shape))
     zero = np.zeros((N_H, D, D), dtype=np.int32)
     return {
-        "qs": q(unit(rng.standard_normal(shape)) * D**-0.5, K.QK_FRAC),
+        "qs": q(unit(rng.standard_normal(shape)) * host.inv_sqrt(D), K.QK_FRAC),
         "k": q(unit(rng.standard_normal(shape)) * (1 - 2.0**-23), K.QK_FRAC),
         "v": q(0.5 * rng.standard_normal(shape), K.V_FRAC),
-        "alpha": q(np.exp(g), K.A_FRAC),
-        "beta": q(1.0 / (1.0 + np.exp(-rng.standard_normal(shape[:2]))), K.A_FRAC),
+        "alpha": q(host.exp(g), K.A_FRAC),
+        "beta": q(host.sigmoid(rng.standard_normal(shape[:2])), K.A_FRAC),
         "s0": zero,
         "do": q(K.DOMAIN_DO_L2 * (1 - 2.0**-16) * unit(rng.standard_normal(shape)), K.V_FRAC),
         "ds_t": zero,
@@ -152,11 +153,11 @@ def _finite_differences() -> tuple[float, int]:
         return a / np.linalg.norm(a, axis=-1, keepdims=True)
 
     x = {
-        "q": unit(rng.standard_normal((t, b, d))) * d**-0.5,
+        "q": unit(rng.standard_normal((t, b, d))) * host.inv_sqrt(d),
         "k": unit(rng.standard_normal((t, b, d))),
         "v": rng.standard_normal((t, b, d)),
-        "alpha": np.exp(-5.0 / (1.0 + np.exp(-2.0 * rng.standard_normal((t, b, d))))),
-        "beta": 1.0 / (1.0 + np.exp(-rng.standard_normal((t, b)))),
+        "alpha": host.exp(-5.0 * host.sigmoid(2.0 * rng.standard_normal((t, b, d)))),
+        "beta": host.sigmoid(rng.standard_normal((t, b))),
         "s0": rng.standard_normal((b, d, d)),
         "do": rng.standard_normal((t, b, d)),
         "g_end": rng.standard_normal((b, d, d)),

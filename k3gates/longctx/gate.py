@@ -12,6 +12,7 @@ import numpy as np
 
 from k3gates.gate import GateContext, gate
 
+from ..fx import host
 from ..kda import kernels as kda_k
 from ..kda import reference as kda_ref
 from ..mla import kernels as mla_k
@@ -28,14 +29,19 @@ SCALINGS = (
     ("ntk", 10000.0, 8.0, 0),
     ("yarn", 10000.0, 32.0, 32768),
 )
-YARN_MSCALE = 0.1 * math.log(32.0) + 1.0  # YaRN's attention factor at s = 32
+YARN_MSCALE = 0.1 * math.log(32.0) + 1.0  # YaRN's attention factor at s = 32 (the reference's)
 
 
-def _mscale_q30(m: float) -> int:
-    return round(m * K.ONE_MSCALE)
+def mscale_q30(s: int) -> int:
+    """YaRN's attention factor 0.1 ln s + 1 in Q.30, from 80-digit decimal ln: exact rounding."""
+    return host.fixed(Fraction(1, 10) * Fraction(host.ln(s)) + 1, K.MSCALE_FRAC)
+
+
+YARN_MSCALE_Q30 = mscale_q30(32)
 
 
 def _table(name: str, base: float, s: float, l_orig: int) -> tuple[np.ndarray, float]:
+    """The float64 frequencies and attention factor the reference rotates by."""
     if name == "plain":
         return ref.inv_freq(HEAD_DIM, base), 1.0
     if name == "ntk":
@@ -43,18 +49,32 @@ def _table(name: str, base: float, s: float, l_orig: int) -> tuple[np.ndarray, f
     return ref.yarn_inv_freq(HEAD_DIM, base, s, l_orig)
 
 
-# pi to 100 digits: the turns conversion below is exact to far below 2^-62
-PI = Fraction(
-    "3.14159265358979323846264338327950288419716939937510582097494459230781640628620899862803482534211706798"
-)
+def table_q62(name: str, base: int, s: int, l_orig: int) -> tuple[np.ndarray, int]:
+    """The same table as the kernel receives it, derived exactly (k3gates/fx/host.py), so it is
+    the same integers on every CPU: Q0.62 turns per position and the attention factor in Q.30.
+    plain base^(-2i/D); NTK the same with base s^(D/(D-2)); YaRN extrap (ramp / s + 1 - ramp)
+    with the ramp between floor(dim(32)) and ceil(dim(1)), dim(r) = D ln(L / (2 pi r)) / (2 ln
+    base), from 80-digit logarithms."""
+    e = [Fraction(2 * i, HEAD_DIM) for i in range(HEAD_DIM // 2)]
+    if name == "plain":
+        return host.power_turns_q62(base, e), K.ONE_MSCALE
+    if name == "ntk":
+        ntk = Fraction(HEAD_DIM, HEAD_DIM - 2)
+        return host.turns_q62([([(base, ei), (s, ntk * ei)], Fraction(1)) for ei in e]), (
+            K.ONE_MSCALE
+        )
 
+    def dim(r: int) -> Fraction:
+        log_ratio = Fraction(host.ln(Fraction(l_orig) / (2 * host.PI * r)))
+        return HEAD_DIM * log_ratio / (2 * Fraction(host.ln(base)))
 
-def turns_q62(freq: np.ndarray) -> np.ndarray:
-    """Radians per position -> Q0.62 turns per position: round(freq / (2 pi) 2^62), computed on
-    the exact value of each float64 freq, so the error is 1/2 of 2^-62 turns (the kernel's
-    stated frequency error)."""
-    scale = Fraction(1 << K.PHASE_BITS) / (2 * PI)
-    return np.array([round(Fraction(float(f)) * scale) for f in freq], dtype=np.int64)
+    low = max(math.floor(dim(int(ref.BETA_FAST))), 0)
+    high = Fraction(min(math.ceil(dim(int(ref.BETA_SLOW))), HEAD_DIM - 1))
+    if high == low:
+        high += Fraction(1, 1000)  # as the reference: a zero-width ramp would divide by zero
+    ramp = [min(max((i - low) / (high - low), Fraction(0)), Fraction(1)) for i in range(len(e))]
+    terms = [([(base, ei)], r / s + 1 - r) for ei, r in zip(e, ramp, strict=True)]
+    return host.turns_q62(terms), mscale_q30(s)
 
 
 def _positions(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -75,7 +95,7 @@ def _positions(rng: np.random.Generator, n: int) -> np.ndarray:
     bounds={
         "rotate_plain": K.rope_bound_q10(X_RAW_MAX, K.ONE_MSCALE, LONG - 1) / 1024,
         "rotate_ntk": K.rope_bound_q10(X_RAW_MAX, K.ONE_MSCALE, LONG - 1) / 1024,
-        "rotate_yarn": K.rope_bound_q10(X_RAW_MAX, _mscale_q30(YARN_MSCALE), LONG - 1) / 1024,
+        "rotate_yarn": K.rope_bound_q10(X_RAW_MAX, YARN_MSCALE_Q30, LONG - 1) / 1024,
     },
     timeout=300,
 )
@@ -90,8 +110,7 @@ def longctx_rope(ctx: GateContext) -> None:
     rows = []
     for name, base, s, l_orig in SCALINGS:
         freq, mscale = _table(name, base, s, l_orig)
-        f = turns_q62(freq)
-        m = _mscale_q30(mscale)
+        f, m = table_q62(name, int(base), int(s), l_orig)
         got, sat = kern.rope_rotate(x, pos, f, m)
         want = ref.rotate(x / 2.0**K.X_FRAC, pos, freq, mscale) * 2.0**K.X_FRAC
         ctx.check_reference(
@@ -115,8 +134,8 @@ def longctx_rope(ctx: GateContext) -> None:
     )
     _check_phases(ctx, kern, pos)
     small_x = np.ascontiguousarray(x[:64] - (1 << 21))  # negatives on every path
-    f = turns_q62(ref.inv_freq(HEAD_DIM, 10000.0))
-    args = (small_x, pos[:64], f, _mscale_q30(YARN_MSCALE))
+    f = table_q62("plain", 10000, 1, 0)[0]
+    args = (small_x, pos[:64], f, YARN_MSCALE_Q30)
     kern.rope_rotate(*args)  # warm-up (the OpenMP pool), so the speed ratio is the kernel's
     ctx.check_compiled_matches_interpreted(
         "compiled",
@@ -156,7 +175,7 @@ def longctx_rope(ctx: GateContext) -> None:
 
 def _check_phases(ctx: GateContext, kern, pos: np.ndarray) -> None:
     """Exact range reduction and the relative-position property, on the integer phases."""
-    f = turns_q62(ref.yarn_inv_freq(HEAD_DIM, 10000.0, 32.0, 32768)[0])
+    f = table_q62("yarn", 10000, 32, 32768)[0]
     big = np.array([LONG, (1 << 31) - 1, (1 << 30) + 12345], dtype=np.int64)
     p = np.concatenate([pos, big])
     got = kern.rope_phases(p, f)
@@ -209,13 +228,13 @@ def _kda_piece(index: int) -> dict[str, np.ndarray]:
     def q(a: np.ndarray, frac: int) -> np.ndarray:
         return np.ascontiguousarray(np.round(a * 2.0**frac).astype(np.int32))
 
-    g = -5.0 / (1.0 + np.exp(-2.0 * rng.standard_normal(shape)))
+    g = -5.0 * host.sigmoid(2.0 * rng.standard_normal(shape))
     return {
-        "qs": q(unit(rng.standard_normal(shape)) * KDA_D**-0.5, 24),
+        "qs": q(unit(rng.standard_normal(shape)) * host.inv_sqrt(KDA_D), 24),
         "k": q(unit(rng.standard_normal(shape)) * (1 - 2.0**-23), 24),
         "v": q(rng.standard_normal(shape), 20),
         "g": np.ascontiguousarray(np.round(g * 2.0**24).astype(np.int64)),
-        "beta": q(1.0 / (1.0 + np.exp(-rng.standard_normal(shape[:2]))), 30),
+        "beta": q(host.sigmoid(rng.standard_normal(shape[:2])), 30),
     }
 
 

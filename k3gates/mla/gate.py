@@ -16,6 +16,7 @@ from k3gates.fx import quantize, value
 from k3gates.fx.checks import check_compiled, lsb
 from k3gates.gate import GateContext, gate
 
+from ..fx import host
 from . import (
     IntWeights,
     LatentCache,
@@ -133,7 +134,8 @@ def mla_latent(ctx: GateContext) -> None:
          "c_Q = RMSNorm(a_Q) w_q in Q.16"),
         ("c_kv", c_kv, ref.rmsnorm(value(a_kv, K.LAT_FRAC), w["w_kv_norm"], eps), K.C_FRAC,
          "c_KV = RMSNorm(a_KV) w_kv in Q.16"),
-        ("q", q.reshape(len(x), -1), d_qk**-0.5 * value(c_q, K.C_FRAC) @ w["w_uq"].T, K.Q_FRAC,
+        ("q", q.reshape(len(x), -1),
+         host.inv_sqrt(d_qk) * value(c_q, K.C_FRAC) @ w["w_uq"].T, K.Q_FRAC,
          "q = 192^-1/2-style scale × W_UQ c_Q in Q.20"),
     )  # fmt: skip
     for name, got, want, frac, what in stages:
@@ -272,6 +274,7 @@ def exact_attention(k, q, c_kv, k_r, w_uk, w_uv) -> tuple[np.ndarray, dict[str, 
             z = np.where(top >= K.SCORE_HI_SAT, K.Z_LIM,
                          np.where(top <= -K.SCORE_HI_SAT, -K.Z_LIM,
                                   _round_py(total, K.SCORE_SHIFT)))  # fmt: skip
+            # audit: Python ints
             p = k.mla_softmax(np.asarray(z, dtype=np.int64).reshape(1, -1))[0].astype(object)
             vt = p @ v[: t + 1]  # exact value totals [d_v]
             mx["value_total"] = max(mx["value_total"], int(np.abs(vt).max()))
@@ -284,8 +287,9 @@ def exact_attention(k, q, c_kv, k_r, w_uk, w_uv) -> tuple[np.ndarray, dict[str, 
             for terms in (wv * (lat >> K.VALUE_LIMB), wv * (lat & mv)):
                 mx["value_absorbed"] = max(mx["value_absorbed"], _cummax(terms, 1))
             ot = _round_py(vt, K.VALUE_SHIFT)
+            # audit: Python ints
             o[t, h] = np.array([max(-K.O_LIM, min(int(x), K.O_LIM)) for x in ot], dtype=np.int64)
-    return o.astype(np.int32), mx
+    return o.astype(np.int32), mx  # audit: exact integers
 
 
 # == HAVE: the gated forward ====================================================================
@@ -695,7 +699,9 @@ def _end_to_end(ctx: GateContext, naive: dict, xq: np.ndarray, iw: IntWeights) -
     weights, so the projections' roundings propagate through the softmax."""
     w = reals(iw)
     d_qk = SHAPE["nope"] + SHAPE["rope"]
-    y = ref.forward(value(xq, K.X_FRAC), w, SHAPE["H"], iw.eps / 2.0**K.EPS_FRAC, d_qk**-0.5)
+    y = ref.forward(
+        value(xq, K.X_FRAC), w, SHAPE["H"], iw.eps / 2.0**K.EPS_FRAC, host.inv_sqrt(d_qk)
+    )
     err = np.abs(value(naive["y"], K.O_FRAC) - y)
     ctx.artifact(
         "table:end to end from x (measured, not a gated bound)",

@@ -620,7 +620,7 @@ def _quantile_balancing(ctx: GateContext, k, s: Shape, qp, rsf, sb, xb) -> None:
     )
     _, idx_before, _ = k.router(xb, qp["w_r"], zero, s.k, rsf)
     _, idx_after, _ = k.router(xb, qp["w_r"], b1, s.k, rsf)
-    loads = _qb_loads(ctx, "qb_loads", idx_before, idx_after, sf, bf, s.k)
+    loads = _qb_loads(ctx, "qb_loads", idx_before, idx_after, sf, bf, s.k)  # audit: reference loads
     load_before, load_int, load_f = loads["before"], loads["int"], loads["float"]
     diff = np.abs(load_int - load_f)
     band_tokens = loads["band_tokens"]
@@ -769,7 +769,7 @@ def _k3_shape(ctx: GateContext, k) -> None:
     sc, idx, wts = k.router(q24(x), qw, b, s.k, rsf)
     sf = ref.scores(x, w_r)
     bf = ref.qb_update(sf, np.zeros(s.n), s.k)
-    _qb_loads(ctx, "k3_qb_loads", idx0, idx, sf, bf, s.k)
+    _qb_loads(ctx, "k3_qb_loads", idx0, idx, sf, bf, s.k)  # audit: reference loads
     ctx.check_reference(
         "k3_qb_bias",
         f"at K3's {s.n}/{s.k} one QB update is within the declared bound of float64's",

@@ -19,6 +19,7 @@ from k3gates.fx.checks import lsb
 from k3gates.gate import GateContext, bit_equal, gate
 from k3gates.training import check_training, start_rerun
 
+from ..fx import host
 from . import reference as ref
 from .kernels import (
     GRAD_FRAC,
@@ -481,9 +482,11 @@ def _qk_clip(ctx: GateContext, k) -> None:
     wk = q(rng.standard_normal((HEADS * D_HEAD, D_MODEL)) * np.repeat(scales, D_HEAD)[:, None], 24)
 
     def max_logits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        qq = (x @ real(a, 24).T).reshape(-1, HEADS, D_HEAD)
-        kk = (x @ real(b, 24).T).reshape(-1, HEADS, D_HEAD)
-        return np.einsum("thc,uhc->htu", qq, kk).reshape(HEADS, -1).max(axis=1) / np.sqrt(D_HEAD)
+        # host math (k3gates/fx/host.py): s_max is a kernel input
+        qq = host.matmul(x, real(a, 24).T).reshape(-1, HEADS, D_HEAD).transpose(1, 0, 2)
+        kk = host.matmul(x, real(b, 24).T).reshape(-1, HEADS, D_HEAD).transpose(1, 0, 2)
+        s = (qq[:, :, None, :] * kk[:, None, :, :]).sum(axis=-1)  # [h, t, u]
+        return s.reshape(HEADS, -1).max(axis=1) / np.sqrt(D_HEAD)
 
     s_max = max_logits(wq, wk)
     s_raw = q(s_max, 24)
@@ -705,11 +708,23 @@ def attention_data(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = np.clip(rng.standard_normal((N_SEQ, T_LEN, D_TRAIN)), -4, 4)
     teacher = {n: rng.standard_normal((D_TRAIN, D_TRAIN)) / np.sqrt(D_TRAIN) for n in "qkvo"}
-    y, _ = ref.attention(x, teacher, TRAIN_HEADS)
+    y = _teacher_attention(x, teacher, TRAIN_HEADS)
     y = y / y.std()
     w0 = {n: rng.standard_normal((D_TRAIN, D_TRAIN)) / np.sqrt(D_TRAIN) for n in "qkvo"}
     out = {"x": q(x.reshape(-1, D_TRAIN), 24), "y": q(y.reshape(-1, D_TRAIN), 24)}
     return out | {f"w{n}": q(w, 24) for n, w in w0.items()}
+
+
+def _teacher_attention(x: np.ndarray, W: dict[str, np.ndarray], heads: int) -> np.ndarray:
+    """ref.attention's y in host math (k3gates/fx/host.py): the teacher's output is a kernel
+    input (the targets), so it takes no CPU-dependent exp or BLAS product."""
+    n, t_len, _ = x.shape
+    dh = W["q"].shape[0] // heads
+    q, k, v = (host.matmul(x, W[c].T).reshape(n, t_len, heads, dh) for c in "qkv")
+    s = (q[:, :, None, :, :] * k[:, None, :, :, :]).sum(axis=-1)  # [n, t, u, h]
+    p = host.softmax(s.transpose(0, 3, 1, 2) / np.sqrt(dh))  # [n, h, t, u]
+    o = (p[:, :, :, :, None] * v.transpose(0, 2, 1, 3)[:, :, None, :, :]).sum(axis=3)
+    return host.matmul(o.transpose(0, 2, 1, 3).reshape(n, t_len, heads * dh), W["o"].T)
 
 
 def _train_args(d: dict, order: np.ndarray, steps: int = TRAIN_STEPS) -> tuple:

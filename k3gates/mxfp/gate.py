@@ -93,10 +93,10 @@ def _edge_block_values(name: str) -> np.ndarray:
 def _random_values(rng: np.random.Generator, n: int) -> np.ndarray:
     """float32 over many binades: normal draws, each block at its own power of two."""
     per_block = rng.integers(-135, 100, n // BLOCK).repeat(BLOCK)
-    x = rng.standard_normal(n) * np.exp2(per_block.astype(np.float64))
+    x = rng.standard_normal(n) * np.ldexp(1.0, per_block)  # exact powers of two
     # one block in eight spans many binades inside the block itself
     wide = rng.random(n // BLOCK).repeat(BLOCK) < 0.125
-    x[wide] *= np.exp2(rng.integers(-20, 20, int(wide.sum())).astype(np.float64))
+    x[wide] *= np.ldexp(1.0, rng.integers(-20, 20, int(wide.sum())))
     return x.astype(np.float32)
 
 
@@ -115,7 +115,7 @@ def mxfp_quantize(ctx: GateContext) -> None:
         scales, codes = quantize(x, name)
         r_scales, r_codes = ref.quantize(x, name)
         got = dequantize(scales, codes, name)
-        want = ref.dequantize(r_scales, r_codes, name)
+        want = ref.dequantize(r_scales, r_codes, name)  # audit: the reference's values
         ctx.check_reference(
             f"{name}_roundtrip",
             f"{x.size:,} float32 values (random over 235 binades plus every edge "
@@ -182,7 +182,7 @@ def _dot_operands(rng: np.random.Generator) -> list[tuple]:
         for _ in range(40):
             n = BLOCK * int(rng.integers(1, 9))
             a = _random_values(rng, n)
-            b = (rng.standard_normal(n) * np.exp2(rng.integers(-6, 6))).astype(np.float32)
+            b = (rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-6, 6))).astype(np.float32)
             pairs.append((a_fmt, *quantize(a, a_fmt), *quantize(b, "e2m1")))
     a = _random_values(rng, 4 * BLOCK)
     a[BLOCK + 5] = np.nan  # block 1: NaN scale

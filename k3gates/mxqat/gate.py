@@ -13,6 +13,7 @@ import numpy as np
 from k3gates.fx.checks import check_compiled
 from k3gates.gate import GateContext, gate
 
+from ..fx import host
 from ..k3mu.ops import KERNELS, MXQAT
 from ..situ import kernels as SK
 from ..situ import reference as situ_ref
@@ -58,7 +59,8 @@ def mxfp_qat(ctx: GateContext) -> None:
     expert size."""
     k = X.Kernels(ctx.compiled)
     rng = np.random.default_rng([SEED, 1])
-    w = {name: np.round(rng.normal(0, LATENT**-0.5 if name != "w2" else HIDDEN**-0.5, shape)
+    std = {"w1": host.inv_sqrt(LATENT), "w3": host.inv_sqrt(LATENT), "w2": host.inv_sqrt(HIDDEN)}
+    w = {name: np.round(rng.normal(0, std[name], shape)
                         * 2**X.W_FRAC).astype(np.int64)
          for name, shape in (("w1", (HIDDEN, LATENT)), ("w3", (HIDDEN, LATENT)),
                              ("w2", (LATENT, HIDDEN)))}  # fmt: skip
@@ -196,7 +198,7 @@ def _packed(ctx: GateContext, k: X.Kernels, rng: np.random.Generator) -> float:
     """One expert matrix at K3's size stored packed (two E2M1 codes per byte, one E8M0 byte per
     32): the bytes per weight, and its product equal to the fake-quantised one, bit for bit."""
     rows, kk = K3_EXPERT
-    w = np.round(rng.normal(0, kk**-0.5, (rows, kk)) * 2**X.W_FRAC).astype(np.int64)
+    w = np.round(rng.normal(0, host.inv_sqrt(kk), (rows, kk)) * 2**X.W_FRAC).astype(np.int64)
     a = np.round(rng.normal(0, 1, (K3_TOKENS, kk)) * 2**X.FRAC).astype(np.int64)
     wq = k.quantize(w, X.W_FRAC, X.E2M1, X.RULE_ROUND_UP)
     aq = k.quantize(a, X.FRAC, X.E4M3, X.RULE_ROUND_UP)
@@ -373,6 +375,7 @@ def mxfp_training(ctx: GateContext) -> None:
     decoded = {**qat["params"], **_decode(k, export)}
     quantised = _fake_quantised(qat_ops, qat["params"])
     real = dequantize_params(qat["params"])
+    # audit: reference codes
     want = [ref.quantize(real[n].reshape(-1, real[n].shape[2]), "e2m1", "round-up")[3].ravel()
             for n in export]  # fmt: skip
     ctx.check_reference(

@@ -18,6 +18,7 @@ from k3gates.fx.checks import check_compiled, check_shuffled, in_lsb, lsb, raw
 from k3gates.gate import GateContext, gate
 from k3gates.training import check_training, start_rerun
 
+from ..fx import host
 from . import reference as ref
 from .kernels import (
     BETA_TANH_MAX_ERR_LSB_Q10,
@@ -422,7 +423,10 @@ def regression_data(seed: int) -> dict[str, np.ndarray]:
     t1 = rng.standard_normal((TEACHER_HIDDEN, D_IN)) * 1.5 / np.sqrt(D_IN)
     t3 = rng.standard_normal((TEACHER_HIDDEN, D_IN)) * 1.5 / np.sqrt(D_IN)
     t2 = rng.standard_normal(TEACHER_HIDDEN) / np.sqrt(TEACHER_HIDDEN)
-    y = ref.situ_glu(x @ t1.T, x @ t3.T) @ t2
+    # host math (k3gates/fx/host.py): y is a kernel input, so no CPU-dependent tanh, exp or BLAS
+    g, u = host.matmul(x, t1.T), host.matmul(x, t3.T)
+    gate_factor = ref.BETA * host.tanh(g / ref.BETA) * host.sigmoid(g)
+    y = host.matmul(gate_factor * ref.BETA_LIN * host.tanh(u / ref.BETA_LIN), t2[:, None])[:, 0]
     y = np.clip((y - y.mean()) / y.std(), -8, 8)
     init = {
         "w1": rng.standard_normal((HIDDEN, D_IN)) / np.sqrt(D_IN),

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..fx import host
 from ..k3mu import layer_moe
 from ..k3mu import reference as glue_ref
 from ..k3mu.model import ACT_FRAC, dequantize_params, quantize_params
@@ -65,14 +66,14 @@ def task(seed: int) -> dict[str, np.ndarray]:
     mu = rng.normal(0.0, 1.0, (K, D))
     P = rng.normal(0.0, 1.0, (R, D)) / math.sqrt(D)
     M = rng.normal(0.0, 1.0, (K, CLASSES, R))
-    return {"mu": mu, "A": M @ P}
+    return {"mu": mu, "A": host.matmul(M, P)}
 
 
 def sample(tk: dict, rng: np.random.Generator, m: int) -> dict[str, np.ndarray]:
     """m tokens, m / K from each cluster: x in Q.16 (int64 [m, d]), cluster and label [m]."""
     cluster = np.repeat(np.arange(K), m // K)
     n = rng.normal(0.0, SPREAD, (cluster.size, D))
-    label = np.argmax(np.einsum("mcd,md->mc", tk["A"][cluster], n), axis=1)
+    label = np.argmax((tk["A"][cluster] * n[:, None, :]).sum(axis=-1), axis=1)
     x = np.round((tk["mu"][cluster] + n) * 2.0**ACT_FRAC).astype(np.int64)
     return {"x": x, "cluster": cluster.astype(np.int64), "label": label.astype(np.int64)}
 
@@ -105,9 +106,9 @@ def init(seed: int, dense: bool = False) -> dict[str, np.ndarray]:
     if dense:
         h = DENSE_HIDDEN
         p["ffn.w_up"] = np.zeros_like(p["ffn.w_up"])
-        p["ffn.ws1"] = rng.normal(0.0, D**-0.5, (h, D))
-        p["ffn.ws3"] = rng.normal(0.0, D**-0.5, (h, D))
-        p["ffn.ws2"] = rng.normal(0.0, 0.5 * h**-0.5, (D, h))
+        p["ffn.ws1"] = rng.normal(0.0, host.inv_sqrt(D), (h, D))
+        p["ffn.ws3"] = rng.normal(0.0, host.inv_sqrt(D), (h, D))
+        p["ffn.ws2"] = rng.normal(0.0, 0.5 * host.inv_sqrt(h), (D, h))
     return quantize_params(p)
 
 
@@ -240,4 +241,4 @@ def train_int(
     ops = IntOps(kcompile.interpreted if interpreted else kcompile.load)
     out = run(ops, init(seed), data(seed, steps, tokens, held_out), steps, h=h,
               eval_every=eval_every)  # fmt: skip
-    return result_arrays(out)
+    return result_arrays(out)  # audit: a run's outputs

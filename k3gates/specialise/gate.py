@@ -68,7 +68,7 @@ def moe_specialise(ctx: GateContext) -> None:
         threshold=MOE_THRESHOLD_BITS,
         unit="bits/token (held-out)",
         rerun=rerun,
-        first=C.result_arrays(out),
+        first=C.result_arrays(out),  # audit: a run's outputs
         start_near=(math.log2(C.CLASSES), MOE_START_TOL_BITS),
     )
     _loads(ctx, np.array(out["loads"]), h["warmup"])

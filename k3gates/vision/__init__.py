@@ -15,14 +15,14 @@ ValueError naming the argument.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from .. import compile as _compile
-from ..fx import quantize, value
-from ..longctx.gate import turns_q62
+from ..fx import host, quantize, value
 from ..longctx.kernels import X_FRAC
 from . import kernels as K
-from . import reference as ref
 
 KERNELS = "k3gates.vision.kernels"
 WEIGHT_MAX = 2.0**11  # |w| < 2048 keeps Q.20 in int32
@@ -47,13 +47,16 @@ def _real(a: object, name: str, limit: float, ndim: int) -> np.ndarray:
 
 
 def time_turns(dim: int) -> np.ndarray:
-    """The time embedding's frequencies 10000^(-i/(dim/2)) in Q0.62 turns per frame."""
-    return turns_q62(ref.time_frequencies(dim))
+    """The time embedding's frequencies 10000^(-i/(dim/2)) in Q0.62 turns per frame, derived
+    exactly (k3gates/fx/host.py): the same integers on every CPU."""
+    return host.power_turns_q62(10000, [Fraction(i, dim // 2) for i in range(dim // 2)])
 
 
 def rope_turns(head: int = K.HEAD) -> np.ndarray:
-    """2D RoPE's frequencies per half head, 10000^(-2i/(head/2)), in Q0.62 turns per position."""
-    return turns_q62(ref.rope_frequencies(head))
+    """2D RoPE's frequencies per half head, 10000^(-2i/(head/2)), in Q0.62 turns per position,
+    derived exactly (k3gates/fx/host.py)."""
+    half = head // 2
+    return host.power_turns_q62(10000, [Fraction(j, half) for j in range(0, half, 2)])
 
 
 def patch_embed(pixels: object, w: object) -> np.ndarray:

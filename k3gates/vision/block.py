@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx import host
 from . import rope_turns
 
 W_FRAC = 20  # weights and norm gains: Q.20
@@ -37,7 +38,7 @@ def init_block(rng: np.random.Generator, width: int = WIDTH, heads: int = HEADS,
     """Seeded weights (std fan_in^-1/2, gains near 1), quantised to Q.20 int64."""
 
     def mat(n_out: int, n_in: int) -> np.ndarray:
-        return q20(rng.normal(0, n_in**-0.5, (n_out, n_in)))
+        return q20(rng.normal(0, host.inv_sqrt(n_in), (n_out, n_in)))
 
     qkv = heads * head_dim
     return {
@@ -52,8 +53,8 @@ def init_block(rng: np.random.Generator, width: int = WIDTH, heads: int = HEADS,
 def init_projector(rng: np.random.Generator, d_in: int = 4 * WIDTH,
                    d_out: int = TEXT_WIDTH) -> dict[str, np.ndarray]:  # fmt: skip
     return {
-        "p1": q20(rng.normal(0, d_in**-0.5, (d_in, d_in))),
-        "p2": q20(rng.normal(0, d_in**-0.5, (d_out, d_in))),
+        "p1": q20(rng.normal(0, host.inv_sqrt(d_in), (d_in, d_in))),
+        "p2": q20(rng.normal(0, host.inv_sqrt(d_in), (d_out, d_in))),
         "gp": q20(1 + 0.1 * rng.normal(size=d_out)),
     }
 

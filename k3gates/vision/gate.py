@@ -15,10 +15,10 @@ from k3gates.fx.checks import check_compiled
 from k3gates.gate import GateContext, gate
 
 from ..longctx import kernels as LK
-from ..longctx.gate import turns_q62
 from . import block as B
 from . import kernels as K
 from . import reference as ref
+from . import rope_turns, time_turns
 
 SEED = 20261205
 WIDTH = 1024  # the tower's width
@@ -145,7 +145,7 @@ def _positions(ctx: GateContext, k, rng: np.random.Generator) -> None:
 
 
 def _time(ctx: GateContext, k) -> None:
-    freq = turns_q62(ref.time_frequencies(WIDTH))
+    freq = time_turns(WIDTH)
     got = k.time_embed(freq, K.CHUNK)
     ctx.check_reference(
         "time_embed",
@@ -171,7 +171,7 @@ def _rope(ctx: GateContext, k, rng: np.random.Generator) -> None:
     pos_y = np.concatenate([pos_y, corner[::-1], corner])
     n = pos_x.size
     x = rng.integers(-ROPE_X_MAX + 1, ROPE_X_MAX, (n, K.HEAD)).astype(np.int32)
-    freq = turns_q62(ref.rope_frequencies(K.HEAD))
+    freq = rope_turns(K.HEAD)
     got, sat = k.rope2d(x, pos_x, pos_y, freq)
     ctx.check_reference(
         "rope2d",
@@ -241,12 +241,12 @@ def _compiled(ctx: GateContext, rng: np.random.Generator) -> None:
                    inputs="the table at width 2 with values over the whole int32 range, resized "
                    "to 5×97 (shrinking one axis, growing the other)")  # fmt: skip
     check_compiled(ctx, "compiled_time_embed", "time_embed",
-                   turns_q62(ref.time_frequencies(16)), 4,
+                   time_turns(16), 4,
                    inputs="4 frames at width 16")  # fmt: skip
     x = rng.integers(-(2**30), 2**30, (8, K.HEAD)).astype(np.int32)
     pos = np.array([0, 1, 2, 63, 64, 255, 510, 511], dtype=np.int64)
     check_compiled(ctx, "compiled_rope2d", "rope2d", x, pos, pos[::-1].copy(),
-                   turns_q62(ref.rope_frequencies(K.HEAD)),
+                   rope_turns(K.HEAD),
                    inputs="8 rows at rope_rotate's largest inputs (|x| up to 2^30), columns and "
                    "rows from 0 to 511")  # fmt: skip
     sides = np.array(SIDES, dtype=np.int64)
@@ -301,7 +301,7 @@ def vision_block(ctx: GateContext) -> None:
         pos = k.vision.pos_resize(table, gh, gw)
         if frames == 1:
             return k.vision.patch_embed(_image(rng, h, wd), w_patch) + pos, gh, gw
-        t = k.vision.time_embed(turns_q62(ref.time_frequencies(B.WIDTH)), frames)
+        t = k.vision.time_embed(time_turns(B.WIDTH), frames)
         per = [
             k.vision.patch_embed(_image(rng, h, wd), w_patch) + pos + t[f] for f in range(frames)
         ]

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .. import compile as kcompile
+from ..fx import host
 from ..k3mu import ops as k3ops
 from ..k3mu.model import sub
 from ..tasks import seq as S
@@ -82,7 +83,9 @@ def init(cfg: Config, seed: int) -> dict[str, np.ndarray]:
     each a seeded real init quantised (Q.20; the table Q.16)."""
     p = S.init(cfg.text, seed)
     rng = np.random.default_rng(seed + 1000)
-    p["v.patch"] = B.q20(rng.normal(0.0, VK.PATCH_VALUES**-0.5, (cfg.width, VK.PATCH_VALUES)))
+    p["v.patch"] = B.q20(
+        rng.normal(0.0, host.inv_sqrt(VK.PATCH_VALUES), (cfg.width, VK.PATCH_VALUES))
+    )
     p["v.table"] = np.round(rng.normal(0.0, 0.1, (VK.TABLE, VK.TABLE, cfg.width))
                             * 2**TABLE_FRAC).astype(np.int64)  # fmt: skip
     for i in range(cfg.depth):
