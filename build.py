@@ -945,6 +945,9 @@ def compare_digests(
                 "vector": rec["vector"],
                 "same_cpu": same_cpu,
                 "compared": len(shared),
+                # with no check digested on both sides there is nothing to compare: not
+                # comparable, which is neither identical nor different
+                "comparable": bool(shared),
                 "differ": differ,
                 "identical": bool(shared) and not differ,
             }

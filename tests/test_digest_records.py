@@ -45,6 +45,20 @@ def test_a_run_on_another_cpu_is_compared_check_by_check(build):
     assert not out[1]["identical"] and out[1]["differ"] == ["threads"]
 
 
+def test_a_record_with_nothing_in_common_is_not_comparable(build):
+    """A record whose gate has no digested check that this build also has (compared 0) is not
+    comparable: neither identical nor different (issue 47, item 3)."""
+    g = {"id": "g", "code": "c1"}
+    rec = record("Intel Xeon", "avx2 fma avx512f", "d1")
+    rec["gates"]["g"]["checks"] = {"compiled": {"compiled": "d1", "interpreted": "d1"}}
+    (o,) = build.compare_digests(g, result("d1"), [rec], PROV)
+    assert (o["compared"], o["comparable"], o["identical"], o["differ"]) == (0, False, False, [])
+    (o,) = build.compare_digests(g, result("d1"), [record("Intel Xeon", "avx2", "d1")], PROV)
+    assert (o["comparable"], o["identical"]) == (True, True)
+    (o,) = build.compare_digests(g, result("d2"), [record("Intel Xeon", "avx2", "d1")], PROV)
+    assert (o["comparable"], o["identical"], o["differ"]) == (True, False, ["threads"])
+
+
 def test_record_digests_appends_one_line_per_commit_and_cpu(build, tmp_path):
     census = {
         "provenance": {
