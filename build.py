@@ -1498,6 +1498,7 @@ def record_digests(census: dict[str, Any], results: list[dict[str, Any]], path: 
         old["commit"] == rec["commit"]
         and old["cpu"] == rec["cpu"]
         and old["vector"] == rec["vector"]
+        and _runners(old) == _runners(rec)  # a Dask run of the same commit is a record of its own
         for old in load_jsonl(path, {"commit", "cpu", "vector", "gates"})
     ):
         log(f"record: digests of {prov['git_commit'][:12]} on this CPU are already in {path}")
@@ -1505,6 +1506,10 @@ def record_digests(census: dict[str, Any], results: list[dict[str, Any]], path: 
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")
     log(f"record: appended the digests of {len(rec['gates'])} gates ({prov['cpu']}) to {path}")
+
+
+def _runners(rec: dict[str, Any]) -> set[str]:
+    return {g.get("runner", "local") for g in rec["gates"].values()}
 
 
 def record_runs(census: dict[str, Any], results: list[dict[str, Any]], s: Settings) -> int:

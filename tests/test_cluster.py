@@ -5,7 +5,7 @@ Every cluster here is a LocalCluster on this machine (tests never reach the netw
 worker processes (conftest.two_worker_cluster) are used through the scheduler's address, as
 `--runner tcp://…` would use a remote one; the others are the one `--runner dask` starts. A
 representative subset of real gates runs on both runners in every test run; the whole default set
-on Dask is a recorded run (`python build.py --runner dask --record`), held against the local
+on Dask is a recorded run (`python build.py --runner dask --rerun --record`), held against the local
 runner's records of the same code. The session build (local) is held against every recorded run
 of the same code, on whatever CPU it was made."""
 
@@ -198,7 +198,7 @@ def test_the_build_takes_the_runner_and_names_an_unreachable_scheduler(tmp_path,
 # --- the whole default gate set, as recorded ---------------------------------------------------
 # The session build runs on the local runner (conftest.built_site); the whole default set on Dask
 # takes twice as long on two cores, so it is a recorded run, tied to the code like the fault
-# records: `python build.py --runner dask --record` appends each gate's result with
+# records: `python build.py --runner dask --rerun --record` appends each gate's result with
 # runner = "dask" to site_src/digests.jsonl, beside the local runner's records.
 
 
@@ -243,7 +243,7 @@ def test_every_recorded_dask_run_equals_the_local_runner():
     on_dask, local = runner_records("dask"), runner_records("local")
     compared, found = differences(on_dask, local)
     if not on_dask:
-        pytest.skip("no Dask run is recorded: `python build.py --runner dask --record`")
+        pytest.skip("no Dask run is recorded: `python build.py --runner dask --rerun --record`")
     assert compared >= 1
     assert found == []
 

@@ -82,3 +82,9 @@ def test_record_digests_appends_one_line_per_commit_and_cpu(build, tmp_path):
         "status": "passed",
         "runner": "local",
     }
+    # the same commit and CPU built on Dask is a record of its own (test_cluster compares them)
+    census["gates"][0]["runner"] = "dask"
+    build.record_digests(census, [result("d1")], path)
+    build.record_digests(census, [result("d1")], path)
+    runners = [json.loads(line)["gates"]["g"]["runner"] for line in path.read_text().splitlines()]
+    assert runners == ["local", "dask"]

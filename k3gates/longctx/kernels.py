@@ -10,8 +10,9 @@ reduction is exact at any position: no angle ever grows, and phase(m) - phase(n)
 (mod 2^62) bit for bit. sin and cos come from fx's sincos_q31 (Q0.31, error <= 1/2 + 2^-23 LSB).
 
 The frequency table inv_freq[i] = base^(-2i/D), rescaled by NTK or YaRN, is a per-model constant:
-it is built once in float64 by the library face (k3gates.longctx) and handed in as integers,
-f[i] = round(inv_freq[i] / (2 pi) * 2^62) turns per position (|error| <= 1/2 of 2^-62 turns).
+it is derived exactly on the host (80-digit decimal logarithms, k3gates/fx/host.py, so the same
+integers on every CPU) and handed in as f[i] = round(inv_freq[i] / (2 pi) * 2^62) turns per
+position (|error| <= 1/2 of 2^-62 turns).
 Everything per token is integer.
 
 Formats (int32 storage, int64 arithmetic):

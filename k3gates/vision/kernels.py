@@ -25,8 +25,8 @@ are exact rationals, and
 
 Time embedding. Frame t of a chunk (t = 0 .. 3) gets the fixed sin/cos embedding of width D (the
 MAE convention, sin half first): E[t, i] = sin(t w_i), E[t, D/2 + i] = cos(t w_i), with w_i =
-10000^(-i / (D/2)). The frequencies are per-model constants, built in float64 by the library face
-and handed in as Q0.62 turns per frame (k3gates.longctx.kernels' convention); the phase t f_i is
+10000^(-i / (D/2)). The frequencies are per-model constants, derived exactly by the library face
+(k3gates/fx/host.py) and handed in as Q0.62 turns per frame (k3gates.longctx.kernels' convention); the phase t f_i is
 exact and sin/cos come from fx.sincos_q31 (Q0.31, error <= 1/2 + 2^-23 LSB), rounded once to Q.16:
 error <= 1/2 + 2^-15 LSB.
 
