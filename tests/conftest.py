@@ -26,7 +26,7 @@ FIXTURE_GATES = ROOT / "tests" / "fixtures" / "fixture_gates"
 # Each fails the shared training helper's relative tolerance of 3% to the float64 twin, declared
 # before any run (issue 13, item 10):
 # - muon_training: the integer per-head Muon run and the float64 run part late (the record of
-#   faa0dec: integer / float64 loss 1.188 at the last logged step, both under the threshold).
+#   faa0dec: integer / float64 loss 1.188 at logged point 198 of 201).
 # - attnres_training: the run goes on far below its 1e-8 threshold, to losses of 1e-14 where the
 #   integer loss's own resolution dominates, and the ratio there reaches 2.4.
 HONEST_FAILURES = {
