@@ -1004,7 +1004,7 @@ def _public_result(r: dict[str, Any]) -> dict[str, Any]:
     out["file"] = _rel(r.get("file", ""))
     out["line"] = r.get("line")
     out["requires"] = list(r.get("requires") or [])
-    out["code"] = faultsuite.code_hash(r) if r.get("deps") else ""
+    out["code"] = faultsuite.code_hash(r)
     out["runner"] = r.get("runner", "local")  # where this result was made (a reused one too)
     return out
 

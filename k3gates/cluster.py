@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compile as kcompile
-from . import runner
+from . import contentkey, runner
 from .discover import GatePackage, GateSite, kernel_modules
 
 LOCAL = "dask"  # --runner dask: a LocalCluster on this machine, one worker with `jobs` slots
@@ -193,7 +193,8 @@ class DaskPool:
         result["deps"] = {
             f: h for f, h in result.get("deps", {}).items() if Path(f).is_relative_to(root)
         }
-        result["file"], result["line"] = str(site.file), site.line
+        result["code"] = contentkey.code_key(result["deps"].values(), result.get("data", {}))
+        result.update(runner.placed(site))
         result["runner"] = "dask"  # kept with the stored result: digest records name it
         return result
 

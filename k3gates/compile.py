@@ -497,6 +497,11 @@ def load(modname: str) -> faults.GuardedModule:
     return _loaded[cache_key]
 
 
+def loaded_modules() -> set[str]:
+    """The kernel modules this process has loaded."""
+    return {modname for modname, _ in _loaded}
+
+
 def interpreted(modname: str) -> ModuleType:
     """The same kernels run by CPython (the reference for compiled == interpreted)."""
     check_not_shadowed(modname)

@@ -7,8 +7,8 @@ that crashes on import must become a failed gate, not a failed build. So discove
 a dict literal here or in a module this file imports from), resolved from those files' ASTs too:
 `build.py --only` compiles just those modules, and brings the gates that prove them.
 
-A *gate package* is a folder of innovation folders (`k3gates/`, or a test's fixture folder), each
-of which may hold `gate.py` and `kernels.py`.
+A *gate package* is a folder of primitive folders (`k3gates/`, or a test's fixture folder): at any
+depth below it, `gate.py` and `gate_<form>.py` hold gates and `kernels*.py` hold kernels.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ class GateSite:
     timeout: float = DEFAULT_TIMEOUT_S  # seconds; the runner kills the gate's process after it
     requires: tuple[str, ...] = ()  # gate ids this gate builds on (checked to exist)
     exclusive: bool = False  # the runner gives it every core and runs nothing beside it
+    doc: str = ""  # the gate function's docstring, stripped
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class GatePackage:
 
 def kernel_modules(packages: list[GatePackage]) -> list[str]:
     # kernels.py, or kernels_<part>.py when one innovation's kernels compile as several modules
-    return [p.modname(f) for p in packages for f in sorted(p.path.glob("*/kernels*.py"))]
+    return [p.modname(f) for p in packages for f in sorted(p.path.rglob("kernels*.py"))]
 
 
 def _file_sites(pkg: GatePackage, file: Path, rules: bytes) -> tuple[list[GateSite], list[str]]:
@@ -93,7 +94,8 @@ def _file_sites(pkg: GatePackage, file: Path, rules: bytes) -> tuple[list[GateSi
             if call is None:
                 continue
             try:
-                sites.append(_site_from_call(call, pkg, file, names))
+                doc = (ast.get_docstring(node, clean=False) or "").strip()
+                sites.append(replace(_site_from_call(call, pkg, file, names), doc=doc))
             except DiscoveryError as e:
                 problems.append(str(e))
     if not problems:
@@ -210,7 +212,7 @@ def _bindings(tree: ast.Module) -> dict[str, ast.stmt]:
 
 _RULES = Path(__file__)
 _REGISTRY = Path(__file__).with_name("registry.py")
-_MEMO_FIELDS = ("id", "innovation", "line", "kernels", "timeout", "requires", "exclusive")
+_MEMO_FIELDS = ("id", "innovation", "line", "kernels", "timeout", "requires", "exclusive", "doc")
 
 
 def _site_to_json(site: GateSite) -> dict:
@@ -220,7 +222,7 @@ def _site_to_json(site: GateSite) -> dict:
 def _site_from_json(d: dict, pkg: GatePackage, file: Path) -> GateSite:
     return GateSite(d["id"], d["innovation"], Level[d["level"]], pkg.modname(file), pkg.root,
                     file, d["line"], tuple(d["kernels"]), d["timeout"], tuple(d["requires"]),
-                    d["exclusive"])  # fmt: skip
+                    d["exclusive"], d["doc"])  # fmt: skip
 
 
 def _literal(node: ast.expr, what: str, file: Path) -> object:
@@ -285,13 +287,22 @@ def _site_from_call(call: ast.Call, pkg: GatePackage, file: Path, names: _Names)
     )
 
 
+def gate_files(pkg: GatePackage) -> list[Path]:
+    """`gate.py` and `gate_<form>.py` (one primitive's gates of several forms) in any folder."""
+    return sorted(
+        f
+        for f in pkg.path.rglob("gate*.py")
+        if (f.stem == "gate" or f.stem.startswith("gate_")) and f.parent != pkg.path
+    )
+
+
 def discover_gates(packages: list[GatePackage]) -> list[GateSite]:
     """Every gate in `packages`, in file order. Raises DiscoveryError listing every problem."""
     sites: list[GateSite] = []
     problems: list[str] = []
     rules = _RULES.read_bytes() + _REGISTRY.read_bytes()  # read once, not once per gate file
     for pkg in packages:
-        for file in sorted(pkg.path.glob("*/gate.py")):
+        for file in gate_files(pkg):
             found, bad = _file_sites(pkg, file, rules)
             sites += found
             problems += bad

@@ -5,14 +5,13 @@ is (it must pass, or its fault table means nothing) and then once per fault of `
 each in its own process. The table it prints, and writes to `site_src/faults.json`, says for each
 fault: `caught` with the checks that failed, `missed`, or `n/a` with the reason.
 
-A record is tied to the code it ran on: `code` hashes every source file the gate's process
-loaded, relative to its package. The build shows a gate's fault table only while that hash still
-matches the gate's current result, and says which commit it ran at.
+A record is tied to the code it ran on: `code` is the content key of every file the gate's process
+loaded (`contentkey`), which a pure move of files leaves as it was. The build shows a gate's fault
+table only while that key still matches the gate's current result, and says which commit it ran at.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import time
@@ -33,15 +32,9 @@ FAULTS_FILE = "faults.json"  # under site_src/, committed beside history.jsonl
 
 
 def code_hash(result: dict[str, Any]) -> str:
-    """A hash of every source file a gate's process loaded, by path relative to its package's
-    parent: equal on any checkout of the same code."""
-    root = Path(result["file"]).resolve().parents[2]
-    h = hashlib.sha256()
-    for path, sha in sorted(result.get("deps", {}).items()):
-        p = Path(path)
-        rel = p.relative_to(root).as_posix() if p.is_relative_to(root) else p.name
-        h.update(f"{rel}\0{sha}\0".encode())
-    return h.hexdigest()[:16]
+    """The code key of a gate's result (`contentkey`): equal on any checkout of the same code,
+    wherever its files live."""
+    return result.get("code", "")
 
 
 def classify(result: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +103,7 @@ def run_suite(
         table = {f: classify(mine[f], base) for f in FAULTS}
         rec = {
             "gate": site.id,
-            "code": code_hash(base) if base.get("deps") else "",
+            "code": code_hash(base),
             "baseline": base["status"],
             "small": bool(base.get("small")),
             "first_failure": first_failure,

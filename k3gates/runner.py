@@ -5,10 +5,11 @@ exception, a hang past the timeout, a segfault, a kernel that did not compile, a
 float in it) becomes a *failed* result with its message. The build itself never fails because of a
 gate.
 
-A result is reused from the previous build only when everything it depends on hashes the same:
-every source file the gate process loaded from its gate package, the keys of its compiled kernels,
-and the toolchain. Results that did not reach a verdict (timeout, crash, exception) are never
-reused.
+A result is reused from the previous build only when the code it ran on is still here, by content
+(`contentkey`): every project file the gate process loaded, its kernels' sources among them, has
+its key in today's tree, the gate's own file keeps its key, its folder's data files are the same,
+and so is the toolchain. A moved file is the same file. Results that did not reach a verdict
+(timeout, crash, exception) are never reused.
 """
 
 from __future__ import annotations
@@ -31,46 +32,46 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import compile as kcompile
-from . import faults
+from . import contentkey, faults
 from .discover import GateSite
 from .nofloat import audit_file
 from .registry import Level
 
-RESULT_SCHEMA = 1
+RESULT_SCHEMA = 2  # 2: deps keyed by content, `code` and `data` added
 REUSABLE = {"passed", "failed"}  # statuses that are a verdict on the inputs, not an accident
 
 
 # -- parent side ---------------------------------------------------------------------------------
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
 def _results_dir() -> Path:
     return kcompile.cache_root() / "results"
 
 
-def _result_path(gate_id: str, gate_file: str) -> Path:
-    """One slot per gate per checkout: two clones sharing the cache do not evict each other."""
-    where = hashlib.sha256(gate_file.encode()).hexdigest()[:10]
+def _result_path(gate_id: str, root: Path) -> Path:
+    """One slot per gate per checkout (not per file: a moved gate finds its result)."""
+    where = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:10]
     return _results_dir() / f"{gate_id}-{where}.json"
 
 
 def _reusable(site: GateSite) -> dict[str, Any] | None:
-    path = _result_path(site.id, str(site.file))
+    path = _result_path(site.id, site.root)
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if old.get("schema") != RESULT_SCHEMA or old.get("status") not in REUSABLE:
         return None
-    if old.get("toolchain") != kcompile.toolchain() or old.get("file") != str(site.file):
+    if old.get("toolchain") != kcompile.toolchain():
         return None
     try:
-        if any(_sha(Path(f)) != h for f, h in old["deps"].items()):
+        index = contentkey.module_index(site.root)
+        here = {contentkey.file_key(f, index) for f in index.values()}
+        if old.get("gate_key") != contentkey.file_key(site.file, index):
             return None
-        if any(kcompile.module_key(m) != k for m, k in old["kernel_keys"].items()):
-            return None
-    except (OSError, kcompile.CompileError):
+    except (OSError, SyntaxError, ValueError):
+        return None
+    if not set(old["deps"].values()) <= here:
+        return None
+    if old.get("data") != contentkey.data_files(site.file.resolve().parent):
         return None
     return old
 
@@ -105,7 +106,7 @@ def run_gates(
         forced = only is not None and site.id in only
         old = _reusable(site) if reuse and not forced else None
         if old is not None:
-            result = {**old, "ran": False, "reused_from": old["run_hash"]}
+            result = {**old, **placed(site), "ran": False, "reused_from": old["run_hash"]}
         elif only is not None and not forced and site.id not in needed:
             result = _failure(
                 site, "skipped", "not run in this build (--only), and no result of it can be reused"
@@ -277,7 +278,7 @@ def _store(result: dict[str, Any]) -> None:
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{result['id']}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(result))
-    os.replace(tmp, _result_path(result["id"], result["file"]))
+    os.replace(tmp, _result_path(result["id"], Path(result["root"])))
 
 
 def _run_one(
@@ -323,15 +324,7 @@ def _run_one(
         seconds = time.perf_counter() - start
         log = output.decode("utf-8", "replace")[-4000:]
         if status_note is None and out.is_file():
-            # the static site is the authority on id, innovation, level and place
-            result = {
-                **_failure(site, "error", ""),
-                **json.loads(out.read_text()),
-                "innovation": site.innovation,
-                "level": site.level.name,
-                "file": str(site.file),
-                "line": site.line,
-            }
+            result = {**_failure(site, "error", ""), **json.loads(out.read_text()), **placed(site)}
         elif status_note is None:
             code = proc.returncode
             why = (
@@ -347,16 +340,27 @@ def _run_one(
     return result
 
 
-def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[str, Any]:
+def placed(site: GateSite) -> dict[str, Any]:
+    """What the static site is the authority on: a gate's id, innovation, level, place and
+    docstring (a reused result may have run from another file, or before a docstring changed)."""
+    from .gate import first_sentence
+
     return {
-        "schema": RESULT_SCHEMA,
         "id": site.id,
         "innovation": site.innovation,
         "level": site.level.name,
+        "root": str(site.root),
         "file": str(site.file),
         "line": site.line,
-        "title": site.id,
-        "doc": "",
+        "title": first_sentence(site.doc) or site.id,
+        "doc": site.doc,
+    }
+
+
+def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[str, Any]:
+    return {
+        "schema": RESULT_SCHEMA,
+        **placed(site),
         "status": status,
         "passed": False,
         "error": message,
@@ -364,6 +368,9 @@ def _failure(site: GateSite, status: str, message: str, log: str = "") -> dict[s
         "summary": "",
         "artifacts": {},
         "deps": {},
+        "data": {},
+        "code": "",
+        "gate_key": "",
         "kernel_keys": {},
         "bounds": {},
         "kernels": list(site.kernels),
@@ -443,7 +450,7 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
         "fault": {"name": faults.active(), **faults.STATS} if faults.active() else None,
         "small": ctx.used_small,
         "kernel_keys": kernel_keys,
-        "deps": _loaded_sources(root, Path(spec.file)),
+        **_code(root, Path(spec.file)),
         "toolchain": kcompile.toolchain(),
         "run_hash": _run_hash(spec.id, kernel_keys),
     }
@@ -479,18 +486,29 @@ def _contract_checks(spec: Any, checks: list, status: str) -> list:
     ]
 
 
-def _loaded_sources(root: Path, gate_file: Path) -> dict[str, str]:
-    """Every file under `root` this process imported, plus every file of the gate's folder and
-    its subfolders: data a gate reads (a corpus, a committed checkpoint) invalidates its result
-    like code does."""
-    folder = gate_file.resolve().parent
+def _code(root: Path, gate_file: Path) -> dict[str, Any]:
+    """The content keys of what this process loaded: every project file it imported and the
+    sources of every kernel it loaded ("deps", path -> key), the data files of the gate's folder
+    ("data": a corpus or a checkpoint invalidates a result like code does), the gate file's own
+    key, and the code key of them all."""
+    root = root.resolve()
+    index = contentkey.module_index(root)
     files = {gate_file.resolve()}
-    files |= {f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.parts}
     for mod in list(sys.modules.values()):
         f = getattr(mod, "__file__", None)
-        if f and Path(f).resolve().is_relative_to(root.resolve()) and f.endswith(".py"):
+        if f and f.endswith(".py") and Path(f).resolve().is_relative_to(root):
             files.add(Path(f).resolve())
-    return {str(f): _sha(f) for f in sorted(files)}
+    for modname in kcompile.loaded_modules():
+        with contextlib.suppress(kcompile.CompileError):
+            files |= {p.resolve() for p in kcompile.dependencies(modname).values()}
+    deps = {str(f): contentkey.file_key(f, index) for f in sorted(files) if f.is_relative_to(root)}
+    data = contentkey.data_files(gate_file.resolve().parent)
+    return {
+        "deps": deps,
+        "data": data,
+        "gate_key": contentkey.file_key(gate_file, index),
+        "code": contentkey.code_key(deps.values(), data),
+    }
 
 
 def _run_hash(gate_id: str, kernel_keys: dict[str, str]) -> str:

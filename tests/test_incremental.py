@@ -82,9 +82,15 @@ def test_rebuild_does_only_what_the_change_needs(project: Path, session_cache: P
     os.utime(kernel)
     assert counts(build(project, session_cache)) == (0, 0)
 
-    # changing one kernel: exactly that module recompiles and only its gates re-run
+    # a comment in one kernel: it recompiles (the compiler reads bytes), but no gate runs again:
+    # a result is keyed by the code's content, which a comment is not (k3gates/contentkey.py)
     # (unique per run, so a cache kept across sessions with K3_TEST_CACHE has never seen it)
-    kernel.write_text(kernel.read_text() + f"\n# an edit that changes the hash {uuid.uuid4()}\n")
+    kernel.write_text(kernel.read_text() + f"\n# an edit that changes the bytes {uuid.uuid4()}\n")
+    assert counts(build(project, session_cache)) == (1, 0)
+
+    # changing one kernel's code: exactly that module recompiles and only its gates re-run
+    edit = f"\n\ndef _edited():\n    return {uuid.uuid4().int % 2**62}\n"
+    kernel.write_text(kernel.read_text() + edit)
     changed = build(project, session_cache)
     assert counts(changed) == (1, 2)
     assert re.findall(r"compile: (\S+) compiled in", changed) == ["k3gates.mxfp.kernels"]

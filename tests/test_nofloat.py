@@ -57,14 +57,14 @@ def f(a, b):
     assert audit_source(source) == []
 
 
-KERNELS = sorted((ROOT / "k3gates").glob("*/kernels.py"))
+KERNELS = sorted((ROOT / "k3gates").rglob("kernels*.py"))
 
 
 def test_the_project_has_kernels_modules():
     assert len(KERNELS) >= 10, KERNELS
 
 
-@pytest.mark.parametrize("path", KERNELS, ids=[p.parent.name for p in KERNELS])
+@pytest.mark.parametrize("path", KERNELS, ids=[p.relative_to(ROOT).as_posix() for p in KERNELS])
 def test_every_kernels_module_in_the_project_is_integer_only(path):
     assert [str(f) for f in audit_file(path)] == []
 

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 import k3gates
+from k3gates.discover import GatePackage, gate_files
 from k3gates.gate import REGISTRY, first_sentence
 from k3gates.registry import ALIASES, INNOVATIONS, Level, UnknownInnovation, canonical
 
@@ -74,8 +75,9 @@ def test_a_gate_title_is_its_docstrings_first_sentence_whole():
 
 
 def test_no_gate_title_ends_without_a_full_stop():
-    for file in sorted(Path(k3gates.__file__).parent.glob("*/gate.py")):
-        importlib.import_module(f"k3gates.{file.parent.name}.gate")
+    for file in gate_files(GatePackage(Path(k3gates.__file__).parent)):
+        package = GatePackage(Path(k3gates.__file__).parent)
+        importlib.import_module(package.modname(file))
     assert len(REGISTRY) >= 40
     cut = {g.id: g.title for g in REGISTRY.values() if not g.title.endswith(".")}
     assert not cut, f"titles cut mid-sentence (end the docstring's first sentence with '.'): {cut}"

@@ -1,0 +1,122 @@
+"""Content keys (k3gates/contentkey.py): a pure move keeps every key, a change of code does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k3gates import contentkey
+
+KERNELS = '''"""Kernels."""
+def double(x):
+    return 2 * x
+'''
+OTHER = """def double(x):
+    return 3 * x
+"""
+GATE = '''"""A gate."""
+from ..prim import kernels  # the kernels it proves
+from ..prim.kernels import double
+
+MODULE = "pkg.prim.kernels"
+
+
+def run():
+    return double(kernels.double(1))
+'''
+MOVED_GATE = '''"""A gate, after its folder moved."""
+from ..home import kernels_prim as kernels
+from ..home.kernels_prim import double
+
+MODULE = "pkg.home.kernels_prim"
+
+
+def run():
+    return double(kernels.double(1))  # a comment the old file did not have
+'''
+
+
+def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return {rel: root / rel for rel in files}
+
+
+def _keys(root: Path, files: list[Path]) -> list[str]:
+    index = contentkey.module_index(root)
+    return sorted(contentkey.file_key(f, index) for f in files)
+
+
+def _before(root: Path) -> dict[str, Path]:
+    return _tree(
+        root,
+        {
+            "pkg/__init__.py": "",
+            "pkg/prim/__init__.py": "",
+            "pkg/prim/kernels.py": KERNELS,
+            "pkg/tasks/__init__.py": "",
+            "pkg/tasks/gate.py": GATE,
+            "pkg/other/__init__.py": "",
+            "pkg/other/kernels.py": OTHER,
+        },
+    )
+
+
+def test_a_pure_move_keeps_every_key(tmp_path):
+    a = _before(tmp_path / "a")
+    b = _tree(
+        tmp_path / "b",
+        {
+            "pkg/__init__.py": "",
+            "pkg/home/__init__.py": "",
+            "pkg/home/kernels_prim.py": KERNELS.replace("Kernels.", "Kernels, moved."),
+            "pkg/tasks/__init__.py": "",
+            "pkg/tasks/gate.py": MOVED_GATE,
+            "pkg/other/__init__.py": "",
+            "pkg/other/kernels.py": OTHER,
+        },
+    )
+    before = _keys(tmp_path / "a", [a["pkg/prim/kernels.py"], a["pkg/tasks/gate.py"]])
+    after = _keys(tmp_path / "b", [b["pkg/home/kernels_prim.py"], b["pkg/tasks/gate.py"]])
+    assert before == after
+    assert contentkey.code_key(before, {}) == contentkey.code_key(after, {})
+
+
+def test_what_an_import_names_is_in_the_key(tmp_path):
+    """Rebinding `kernels` to another module with a function of the same name changes the key."""
+    a = _before(tmp_path / "a")
+    gate = a["pkg/tasks/gate.py"]
+    before = _keys(tmp_path / "a", [gate])
+    gate.write_text(GATE.replace("from ..prim import kernels", "from ..other import kernels"))
+    assert _keys(tmp_path / "a", [gate]) != before
+
+
+def test_a_kernel_module_named_in_a_string_is_in_the_key(tmp_path):
+    a = _before(tmp_path / "a")
+    gate = a["pkg/tasks/gate.py"]
+    before = _keys(tmp_path / "a", [gate])
+    gate.write_text(GATE.replace('"pkg.prim.kernels"', '"pkg.other.kernels"'))
+    assert _keys(tmp_path / "a", [gate]) != before
+
+
+def test_a_change_of_code_changes_the_key_and_a_comment_does_not(tmp_path):
+    a = _before(tmp_path / "a")
+    kernels = a["pkg/prim/kernels.py"]
+    before = _keys(tmp_path / "a", [kernels])
+    kernels.write_text(KERNELS.replace('"""Kernels."""', '"""Other words."""  # and a comment'))
+    assert _keys(tmp_path / "a", [kernels]) == before
+    kernels.write_text(KERNELS.replace("2 * x", "2 * x + 0"))
+    assert _keys(tmp_path / "a", [kernels]) != before
+
+
+def test_a_data_file_is_in_the_code_key(tmp_path):
+    folder = tmp_path / "gate"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "corpus.txt").write_text("abc")
+    (folder / "gate.py").write_text("")
+    first = contentkey.data_files(folder)
+    assert list(first) == ["data/corpus.txt"]
+    (folder / "data" / "corpus.txt").write_text("abd")
+    assert contentkey.code_key(["k"], first) != contentkey.code_key(
+        ["k"], contentkey.data_files(folder)
+    )
