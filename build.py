@@ -47,17 +47,17 @@ from mdit_py_plugins.dollarmath import dollarmath_plugin
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from k3gates import compile as kcompile  # noqa: E402
-from k3gates import faultsuite, runner  # noqa: E402
-from k3gates.census import census as compute_census  # noqa: E402
-from k3gates.discover import (  # noqa: E402
+from k3gates.infra import compile as kcompile  # noqa: E402
+from k3gates.infra import faultsuite, runner  # noqa: E402
+from k3gates.infra.census import census as compute_census  # noqa: E402
+from k3gates.infra.discover import (  # noqa: E402
     DiscoveryError,
     GatePackage,
     GateSite,
     discover_gates,
     kernel_modules,
 )
-from k3gates.registry import INNOVATIONS, Level, UnknownInnovation, canonical  # noqa: E402
+from k3gates.infra.registry import INNOVATIONS, Level, UnknownInnovation, canonical  # noqa: E402
 
 CENSUS_SCHEMA = "k3-census/1"
 COMPRESSIBLE = {".html", ".css", ".js", ".json", ".svg", ".xml", ".txt", ".map"}
@@ -798,7 +798,7 @@ def gate_pool(s: Settings) -> Iterator[runner.GatePool | None]:
     if s.runner == "local":
         yield None
         return
-    from k3gates import cluster  # distributed is an optional extra: imported only when asked
+    from k3gates.infra import cluster  # distributed is an optional extra: imported only when asked
 
     try:
         pool = cluster.DaskPool(s.runner, jobs=s.jobs, packages=s.packages)

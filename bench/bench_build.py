@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from k3gates.compile import cpu_model  # noqa: E402
+from k3gates.infra.compile import cpu_model  # noqa: E402
 
 COPY = ("build.py", "k3gates", "site_src", "templates")
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from k3gates import compile as kcompile
+from k3gates.infra import compile as kcompile
 from k3gates.fx import quantize
 
 N = 1 << 22

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402  (after the thread counts are set)
 
-from k3gates import compile as kcompile  # noqa: E402
+from k3gates.infra import compile as kcompile  # noqa: E402
 
 SIZES = (256, 512, 1024)
 X_FRAC = 14  # operands in Q1.14 with rows of norm about 1, as NS5's iterates (||X||_2 <= 5/4):

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402  (after the thread counts are set)
 
-from k3gates import compile as kcompile  # noqa: E402
+from k3gates.infra import compile as kcompile  # noqa: E402
 from k3gates.k3mu import corpus  # noqa: E402
 from k3gates.k3mu import train as T  # noqa: E402
 from k3gates.k3mu.model import Config, dequantize_params, initial, param_specs  # noqa: E402

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from k3gates import compile as kcompile  # noqa: E402
+from k3gates.infra import compile as kcompile  # noqa: E402
 
 T, H, D = 1024, 4, 64
 MACS_PER_TOKEN = 4 * H * D * D

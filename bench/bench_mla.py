@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from k3gates import compile as kcompile
+from k3gates.infra import compile as kcompile
 
 DIMS = {"H": 8, "kv_lora": 128, "rope": 32, "nope": 64, "d_v": 64}
 

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from k3gates import compile as kcompile
+from k3gates.infra import compile as kcompile
 
 PEER_MXFP4 = 38e6  # values/s, public pure-torch quantiser (issue 2's figure for this machine)
 PEER_MXFP8 = 55e6

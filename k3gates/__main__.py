@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .published import DEFAULT_SITE, NoCensus, read_census
+from .infra.published import DEFAULT_SITE, NoCensus, read_census
 
 
 def load(site: Path) -> dict[str, Any]:
@@ -80,8 +80,8 @@ def _check_line(c: dict[str, Any]) -> str:
 
 def _choose(names: list[str]) -> list:
     """The gates named, or every gate of a named innovation, or `fx`, or `all`."""
-    from .discover import GatePackage, discover_gates
-    from .registry import UnknownInnovation, canonical
+    from .infra.discover import GatePackage, discover_gates
+    from .infra.registry import UnknownInnovation, canonical
 
     sites = discover_gates([GatePackage(Path(__file__).resolve().parent)])
     chosen = []
@@ -103,7 +103,7 @@ def _choose(names: list[str]) -> list:
 
 
 def _compile_for(chosen: list) -> None:
-    from . import compile as kcompile
+    from .infra import compile as kcompile
 
     modules = sorted({m for g in chosen for m in g.kernels})
     for m in modules:
@@ -115,7 +115,7 @@ def _compile_for(chosen: list) -> None:
 def run(names: list[str], jobs: int) -> int:
     """Compile the kernels the named gates (or every gate of a named innovation) declare, run
     them afresh in their own processes, and print each check. Exit 1 if any gate fails."""
-    from . import runner
+    from .infra import runner
 
     chosen = _choose(names)
     _compile_for(chosen)
@@ -131,7 +131,7 @@ def run(names: list[str], jobs: int) -> int:
 
 def faults(names: list[str], jobs: int, small: bool, record: bool, first: bool = False) -> int:
     """Run the fault suite; exit 1 if a gate fails as it is or misses an applicable fault."""
-    from . import faultsuite
+    from .infra import faultsuite
 
     chosen = _choose(names)
     _compile_for(chosen)
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--root", type=Path, default=DEFAULT_SITE, help="a published site folder")
     args = p.parse_args(argv)
     if args.command == "mcp":
-        from . import mcp_server
+        from .infra import mcp_server
 
         mcp_server.server(args.root.resolve()).run()
         return 0

@@ -20,14 +20,7 @@ from .certs import CertPaths, CertSettings, default_state_dir, ensure_local_cert
 from .files import FileSettings
 from .headers import HeaderSettings
 from .nginx import NginxSettings, nginx_conf
-from .server import (
-    Plan,
-    ServerSettings,
-    StartupError,
-    build_child,
-    needs_first_build,
-    serve_plan,
-)
+from .server import Plan, ServerSettings, StartupError, build_child, needs_first_build, serve_plan
 from .tls import TLSSettings
 
 # The project root is the folder holding serve/; build.py and public/ live there.

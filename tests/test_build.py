@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import HONEST_FAILURES, ROOT, BuildRun, build_module, tree_digest
 
-from k3gates.registry import INNOVATIONS
+from k3gates.infra.registry import INNOVATIONS
 
 
 def test_census_lists_exactly_the_ten_canonical_ids(built_site: BuildRun):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from k3gates.census import GateOutcome, blocker, census, innovation_level, liar_kill, permille
-from k3gates.registry import INNOVATIONS, Level
+from k3gates.infra.census import GateOutcome, blocker, census, innovation_level, liar_kill, permille
+from k3gates.infra.registry import INNOVATIONS, Level
 
 P, H, S, V = Level.PARTIAL, Level.HAVE, Level.STRONG, Level.PROVEN
 
@@ -106,7 +106,7 @@ def test_census_rows_use_the_proven_level_and_kill_overclaims():
 
 def test_a_failed_required_gate_fails_its_dependants_transitively():
     """runner.apply_requirements: `requires=` is followed transitively, with a named check."""
-    from k3gates.runner import apply_requirements
+    from k3gates.infra.runner import apply_requirements
 
     results = [
         {**_result("kda_recurrent", "kda", "HAVE", False), "kernels": []},
@@ -126,7 +126,7 @@ def test_a_failed_required_gate_fails_its_dependants_transitively():
 
 def test_a_required_gate_that_was_not_run_is_named_as_not_run():
     """A --only build that skips a requirement says so, rather than calling it failed."""
-    from k3gates.runner import apply_requirements
+    from k3gates.infra.runner import apply_requirements
 
     skipped = {**_result("kda_recurrent", "kda", "HAVE", False), "status": "skipped"}
     results = [
@@ -145,8 +145,8 @@ def test_only_brings_every_gate_the_chosen_gates_build_on():
     requirements require."""
     from pathlib import Path
 
-    from k3gates.discover import GatePackage, discover_gates
-    from k3gates.runner import requirements
+    from k3gates.infra.discover import GatePackage, discover_gates
+    from k3gates.infra.runner import requirements
 
     sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
     site = {s.id: s for s in sites}
@@ -166,8 +166,8 @@ def test_longctx_1m_fails_when_a_kda_gate_it_requires_fails():
     """The real declarations: longctx_1m names the kda gates whose kernels it runs."""
     from pathlib import Path
 
-    from k3gates.discover import GatePackage, discover_gates
-    from k3gates.runner import apply_requirements
+    from k3gates.infra.discover import GatePackage, discover_gates
+    from k3gates.infra.runner import apply_requirements
 
     sites = discover_gates([GatePackage(Path(__file__).parents[1] / "k3gates")])
     site = {s.id: s for s in sites}

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURE_GATES, ROOT, build_module, run_build, two_worker_cluster
 
-from k3gates import cluster, runner
-from k3gates import compile as kcompile
-from k3gates.discover import GatePackage, discover_gates
-from k3gates.faultsuite import code_hash
+from k3gates.infra import cluster, runner
+from k3gates.infra import compile as kcompile
+from k3gates.infra.discover import GatePackage, discover_gates
+from k3gates.infra.faultsuite import code_hash
 
 TIMED = re.compile(r"(_s|seconds|speed_ratio)$")
 CLUSTER_GATES = ROOT / "tests" / "fixtures" / "cluster_gates"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
+from k3gates.infra import compile as kc
 
 LIB = """
 #pythran export scale(int64)

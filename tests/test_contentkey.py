@@ -1,10 +1,11 @@
-"""Content keys (k3gates/contentkey.py): a pure move keeps every key, a change of code does not."""
+"""Content keys (k3gates/infra/contentkey.py): a pure move keeps every key; a change of code
+does not."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from k3gates import contentkey
+from k3gates.infra import contentkey
 
 KERNELS = '''"""Kernels."""
 def double(x):

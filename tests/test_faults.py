@@ -14,9 +14,9 @@ import os
 import pytest
 from conftest import HONEST_FAILURES, ROOT, BuildRun, build_module
 
-from k3gates import faultsuite
-from k3gates.discover import GatePackage, discover_gates
-from k3gates.faults import FAULTS
+from k3gates.infra import faultsuite
+from k3gates.infra.discover import GatePackage, discover_gates
+from k3gates.infra.faults import FAULTS
 
 LONG = "longctx_1m"
 

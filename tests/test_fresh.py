@@ -1,9 +1,9 @@
-"""k3gates.fresh: a kernel call in a new process, its digest and its peak memory."""
+"""k3gates.infra.fresh: a kernel call in a new process, its digest and its peak memory."""
 
 import numpy as np
 
-from k3gates import fresh
-from k3gates.gate import digest
+from k3gates.infra import fresh
+from k3gates.infra.gate import digest
 
 
 def test_run_peak_measures_the_memory_the_call_takes_and_the_same_digest():
@@ -17,7 +17,7 @@ def test_run_peak_measures_the_memory_the_call_takes_and_the_same_digest():
     # the OS saw at least the output become resident during the call, and not 10x more
     assert out_bytes <= rep["peak_growth_bytes"] < 10 * out_bytes
     assert rep["digest"] == fresh.run_digest("k3gates.gemm.kernels", "gemm_i64", args, threads=2)
-    from k3gates import compile as kcompile
+    from k3gates.infra import compile as kcompile
 
     here = kcompile.load("k3gates.gemm.kernels").gemm_i64(*args)
     assert rep["digest"] == digest(*here)

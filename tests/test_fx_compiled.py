@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.gate import bit_equal
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import bit_equal
 
 FX = "k3gates.fx.kernels"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates import faults
+from k3gates.infra import compile as kc
+from k3gates.infra import faults
 from k3gates import gemm as face
-from k3gates.gate import REGISTRY, GateContext, bit_equal
+from k3gates.infra.gate import REGISTRY, GateContext, bit_equal
 from k3gates.gemm import gate as gemm_gate
 from k3gates.gemm import kernels as K
 from k3gates.gemm import reference as ref

@@ -83,7 +83,7 @@ def test_rebuild_does_only_what_the_change_needs(project: Path, session_cache: P
     assert counts(build(project, session_cache)) == (0, 0)
 
     # a comment in one kernel: it recompiles (the compiler reads bytes), but no gate runs again:
-    # a result is keyed by the code's content, which a comment is not (k3gates/contentkey.py)
+    # a result is keyed by the code's content, which a comment is not (k3gates/infra/contentkey.py)
     # (unique per run, so a cache kept across sessions with K3_TEST_CACHE has never seen it)
     kernel.write_text(kernel.read_text() + f"\n# an edit that changes the bytes {uuid.uuid4()}\n")
     assert counts(build(project, session_cache)) == (1, 0)
@@ -104,7 +104,7 @@ def test_another_checkout_does_not_evict_this_ones_results(
     """Two checkouts share one cache: the copy's gates running again (their gate file changed)
     must leave the original checkout's stored results reusable."""
     gate_file = project / "k3gates" / "mxfp" / "gate.py"
-    gate_file.write_text(gate_file.read_text() + "\n# an edit that makes the copy's gates run\n")
+    gate_file.write_text(gate_file.read_text() + "\n_AN_EDIT_THAT_MAKES_ITS_GATES_RUN = 1\n")
     assert counts(build(project, session_cache))[1] == 2
     again = run_build(built_site.out, cache=session_cache)
     assert again.returncode == 0, again.stderr

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from k3gates import compile as kcompile
-from k3gates import faults, runner
-from k3gates.discover import GatePackage, discover_gates
+from k3gates.infra import compile as kcompile
+from k3gates.infra import faults, runner
+from k3gates.infra.discover import GatePackage, discover_gates
 
 INTEGRITY = ROOT / "tests" / "fixtures" / "integrity_gates"
 

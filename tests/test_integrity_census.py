@@ -2,7 +2,7 @@
 
 - Every reference check discriminates (acceptance 2).
 - Every innovation with gates has a passing thread-count check (acceptance 5).
-- Every training gate goes through k3gates.training (acceptance 9).
+- Every training gate goes through k3gates.infra.training (acceptance 9).
 - No level drops below the last record unless an honest failure caps it (acceptance 11).
 """
 
@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 from conftest import HONEST_FAILURES, ROOT, BuildRun
 
-from k3gates.gate import MAX_BOUND_OVER_RMS, THREAD_COUNTS
-from k3gates.registry import INNOVATIONS, Level
+from k3gates.infra.gate import MAX_BOUND_OVER_RMS, THREAD_COUNTS
+from k3gates.infra.registry import INNOVATIONS, Level
 
 TRAINING_CHECKS = ("start_loss", "loss_curve", "loss_below_threshold", "rerun_fresh")
 
@@ -55,7 +55,7 @@ def test_a_blind_check_is_failed_by_the_contract():
     """A bound of 10% of the reference RMS fails however small the measured error."""
     import numpy as np
 
-    from k3gates.gate import GateContext, GateSpec
+    from k3gates.infra.gate import GateContext, GateSpec
 
     spec = GateSpec(
         id="blind",
@@ -114,7 +114,10 @@ def test_every_training_gate_uses_the_shared_helper(built_site: BuildRun):
         by_name = {c["name"]: c for c in g["checks"]}
         for name in TRAINING_CHECKS:
             assert name in by_name, (g["id"], name)
-            assert by_name[name]["values"].get("helper") == "k3gates.training", (g["id"], name)
+            assert by_name[name]["values"].get("helper") == "k3gates.infra.training", (
+                g["id"],
+                name,
+            )
         assert (
             by_name["loss_curve"]["bound"] != by_name["loss_below_threshold"]["values"]["threshold"]
         )

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import k3gates.k3block as k3block
-from k3gates import compile as kc
-from k3gates.gate import REGISTRY, GateContext, bit_equal
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import REGISTRY, GateContext, bit_equal
 from k3gates.k3block import gate as block_gate
 
 KERNELS = "k3gates.k3block.kernels"

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
+from k3gates.infra import compile as kc
 from k3gates.k3mu import kernels_glue as K
 from k3gates.k3mu import reference as R
 

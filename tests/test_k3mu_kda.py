@@ -8,11 +8,11 @@ import importlib
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.k3mu import layer_kda as face
-from k3gates.k3mu import reference_kda as ref
+from k3gates.infra import compile as kc
+from k3gates.kda import layer_train as face
+from k3gates.kda import reference_train as ref
 
-MODNAME = "k3gates.k3mu.kernels_kda"
+MODNAME = "k3gates.kda.kernels_train"
 X_FRAC, W_FRAC, D_FRAC = 16, 20, 24
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.k3mu import layer_mla as face
-from k3gates.k3mu import reference_mla as ref
+from k3gates.infra import compile as kc
+from k3gates.mla import layer_train as face
+from k3gates.mla import reference_train as ref
 
-MODNAME = "k3gates.k3mu.kernels_mla"
+MODNAME = "k3gates.mla.kernels_train"
 W_FRAC, ACT_FRAC, GRAD_FRAC = 20, 16, 24
 TINY = dict(d=16, heads=2, nope=8, rope=4, dv=6, ql=8, kl=10)  # unequal sizes catch mix-ups
 K3MU = dict(d=64, heads=2, nope=32, rope=16, dv=32, ql=32, kl=32)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
+from k3gates.infra import compile as kc
 from k3gates.k3mu import corpus
 from k3gates.k3mu.model import (
     GRAD_FRAC,

@@ -14,12 +14,12 @@ import importlib
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.k3mu import kernels_moe as K
-from k3gates.k3mu import layer_moe as L
-from k3gates.k3mu import reference_moe as R
+from k3gates.infra import compile as kc
+from k3gates.moe import kernels_train as K
+from k3gates.moe import layer_train as L
+from k3gates.moe import reference_train as R
 
-MOD = "k3gates.k3mu.kernels_moe"
+MOD = "k3gates.moe.kernels_train"
 A, W, G, BF = 16, 20, 24, 40  # Q-formats: activations, weights, gradients, QB bias
 
 
@@ -249,11 +249,11 @@ QAT_Y_REL, QAT_GRAD_REL = 0.01, 0.02
 
 @pytest.fixture(scope="module")
 def mx():
-    return L.MX(kc.load("k3gates.mxqat.kernels"))
+    return L.MX(kc.load("k3gates.mxfp.kernels_qat"))
 
 
 def _q(rows: np.ndarray, fmt: str) -> np.ndarray:
-    from k3gates.mxqat import reference as mxq
+    from k3gates.mxfp import reference_qat as mxq
 
     return mxq.quantize(rows, fmt, "round-up")[3]
 
@@ -297,7 +297,7 @@ def test_qat_forward_and_straight_through_backward_against_float64(compiled, mx)
 
 def test_qat_compiled_equals_interpreted(compiled, interpreted, mx):
     x, pq, _, dy = problem(15, 1, 3, 64)
-    mx_py = L.MX(importlib.import_module("k3gates.mxqat.kernels"))
+    mx_py = L.MX(importlib.import_module("k3gates.mxfp.kernels_qat"))
     y1, c1 = L.forward(compiled, x, pq, mx=mx)
     y2, c2 = L.forward(interpreted, x, pq, mx=mx_py)
     assert np.array_equal(y1, y2)

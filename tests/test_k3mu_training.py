@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, BuildRun, check, gate_row
 
-from k3gates import fresh
+from k3gates.infra import fresh
 from k3gates.k3mu import cli, corpus, gate
 
 RUN = cli.RUNS / "long"

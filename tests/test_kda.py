@@ -67,7 +67,7 @@ def test_chunked_carries_state_like_recurrent():
 
 
 def test_compiled_equals_interpreted_on_negative_inputs():
-    from k3gates import compile as kc
+    from k3gates.infra import compile as kc
 
     rng = np.random.default_rng(9)
     q, k, v, g, beta = inputs(9, 6, 2, 8)

@@ -6,9 +6,9 @@ import numpy as np
 from conftest import BuildRun, check, gate_row
 
 from k3gates.kda import kernels as KDA
-from k3gates.kdagrad import gate as G
-from k3gates.kdagrad import kernels as K
-from k3gates.kdagrad import reference as R
+from k3gates.kda import gate_grad as G
+from k3gates.kda import kernels_grad as K
+from k3gates.kda import reference_grad as R
 
 T, D = 13, 8  # interpreted: small, with a partial chunk for C = 4 and C = 5
 

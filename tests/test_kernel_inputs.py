@@ -1,7 +1,7 @@
 """Issue 47: every integer a kernel receives is derived the same way on every CPU.
 
-Statically (k3gates/inputaudit.py): every place a gate, a library face or a model module turns a
-value into integers, followed back to where the value came from, uses no transcendental function,
+Statically (k3gates/infra/inputaudit.py): every place a gate, a library face or a model module turns
+a value into integers, followed back to where the value came from, uses no transcendental function,
 no power with a non-integer exponent and no BLAS product. At run time: the inputs of the gates
 that once went through such functions are derived again in a process whose NumPy takes its AVX2
 code paths and whose OpenBLAS takes its Haswell kernels, and they are the same bits.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from k3gates import inputaudit
+from k3gates.infra import inputaudit
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_the_audit_fails_when_the_rope_table_goes_back_to_float_pow(tmp_path):
         ("k3gates/kda/gate.py", "host.sigmoid(rng.standard_normal((t_len, n_h)))",
          "1.0 / (1.0 + np.exp(-rng.standard_normal((t_len, n_h))))", "np.exp"),
         # a float power in a weight's initial scale
-        ("k3gates/k3mu/layer_moe.py", "host.inv_sqrt(fan_in)", "fan_in**-0.5",
+        ("k3gates/moe/layer_train.py", "host.inv_sqrt(fan_in)", "fan_in**-0.5",
          "non-integer exponent"),
         # a BLAS product in a teacher's targets
         ("k3gates/situ/gate.py", "g, u = host.matmul(x, t1.T), host.matmul(x, t3.T)",
@@ -105,11 +105,11 @@ INPUTS = textwrap.dedent(
     import numpy as np
     from k3gates.longctx import gate as longctx
     from k3gates.kda import gate as kda
-    from k3gates.kdagrad import gate as kdagrad
+    from k3gates.kda import gate_grad as kdagrad
     from k3gates.attnres import gate as attnres
     from k3gates.muon import gate as muon
     from k3gates.situ import gate as situ
-    from k3gates.specialise import clusters
+    from k3gates.tasks.specialise import clusters
     from k3gates.fx import gate as fxgate
     import k3gates.vision as vision
 

@@ -12,7 +12,7 @@ import anyio
 from conftest import ROOT, BuildRun
 from mcp import Client, StdioServerParameters
 
-from k3gates import mcp_server
+from k3gates.infra import mcp_server
 
 
 def _call(server: Any, tool: str, args: dict[str, Any]) -> Any:

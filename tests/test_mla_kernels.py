@@ -10,8 +10,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.gate import bit_equal
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import bit_equal
 from k3gates.mla import backward_int, forward_int
 from k3gates.mla import gate as G
 from k3gates.mla import kernels as K

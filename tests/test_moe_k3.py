@@ -11,8 +11,8 @@ import distributed
 import numpy as np
 import pytest
 
-from k3gates.moe_k3 import layer as L
-from k3gates.moe_k3 import reference as R
+from k3gates.moe import layer_k3 as L
+from k3gates.moe import reference_k3 as R
 
 # K3's structure (routed top-k of many, 2 shared, latent < hidden, MXFP4 blocks of 32) at 16
 # experts, top-4, hidden 128, latent 64, expert width 64

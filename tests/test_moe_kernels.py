@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.gate import bit_equal
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import bit_equal
 from k3gates.moe import kernels as K
 
 MOE = "k3gates.moe.kernels"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import k3gates.moe.gate as moe_gate
-from k3gates import compile as kc
-from k3gates.gate import REGISTRY, GateContext
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import REGISTRY, GateContext
 
 MOE = "k3gates.moe.kernels"
 

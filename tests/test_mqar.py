@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 from conftest import BuildRun, check, gate_row
 
-from k3gates.gate import REGISTRY, GateContext
+from k3gates.infra.gate import REGISTRY, GateContext
 from k3gates.k3mu.model import sub
 from k3gates.k3mu.ops import IntOps
-from k3gates.mqar import gate as mq_gate
-from k3gates.mqar import task as Q
+from k3gates.tasks.mqar import gate as mq_gate
+from k3gates.tasks.mqar import task as Q
 from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
 

@@ -9,8 +9,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.gate import bit_equal
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import bit_equal
 from k3gates.muon import gate as muon_gate
 from k3gates.muon import kernels as K
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import check, gate_row
 
-from k3gates import compile as kcompile
-from k3gates.mxqat import expert as X
-from k3gates.mxqat import gate as G
-from k3gates.mxqat import reference as ref
+from k3gates.infra import compile as kcompile
+from k3gates.mxfp import expert as X
+from k3gates.mxfp import gate_qat as G
+from k3gates.mxfp import reference_qat as ref
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from k3gates.nofloat import audit_file, audit_source
+from k3gates.infra.nofloat import audit_file, audit_source
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ cannot bring it back.
 
 import pytest
 
-from k3gates.nofloat import NUMPY_ALLOWED, audit_source
+from k3gates.infra.nofloat import NUMPY_ALLOWED, audit_source
 
 NP = "import numpy as np\n"
 

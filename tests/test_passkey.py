@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from conftest import BuildRun, check, gate_row
 
-from k3gates import compile as kc
-from k3gates.gate import REGISTRY, GateContext
-from k3gates.k3mu import kernels_mla as KM
-from k3gates.k3mu import layer_mla
-from k3gates.k3mu import reference_mla as R
-from k3gates.passkey import gate as pk_gate
-from k3gates.passkey import task as T
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import REGISTRY, GateContext
+from k3gates.mla import kernels_train as KM
+from k3gates.mla import layer_train as layer_mla
+from k3gates.mla import reference_train as R
+from k3gates.tasks.passkey import gate as pk_gate
+from k3gates.tasks.passkey import task as T
 from k3gates.tasks import proof as P
 
 D = 16
@@ -21,7 +21,7 @@ D = 16
 
 @pytest.fixture(scope="module")
 def mla():
-    return kc.load("k3gates.k3mu.kernels_mla")
+    return kc.load("k3gates.mla.kernels_train")
 
 
 def _weights(seed: int) -> dict[str, np.ndarray]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates.fresh import FreshRunError
+from k3gates.infra.fresh import FreshRunError
 from k3gates.k3mu.ops import FloatOps
-from k3gates.mqar import task as Q
+from k3gates.tasks.mqar import task as Q
 from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
 

@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 
 import k3gates
-from k3gates.discover import GatePackage, gate_files
-from k3gates.gate import REGISTRY, first_sentence
-from k3gates.registry import ALIASES, INNOVATIONS, Level, UnknownInnovation, canonical
+from k3gates.infra.discover import GatePackage, gate_files
+from k3gates.infra.gate import REGISTRY, first_sentence
+from k3gates.infra.registry import ALIASES, INNOVATIONS, Level, UnknownInnovation, canonical
 
 REQUIRED_ALIASES = {
     "muon": "perheadmuon",

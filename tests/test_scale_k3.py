@@ -13,9 +13,9 @@ from types import ModuleType
 import pytest
 from conftest import ROOT, BuildRun, build_module
 
-from k3gates.discover import GatePackage, discover_gates
-from k3gates.gate import CONTRACT_KINDS, REGISTRY, GateContext
-from k3gates.moe_k3 import layer as L
+from k3gates.infra.discover import GatePackage, discover_gates
+from k3gates.infra.gate import CONTRACT_KINDS, REGISTRY, GateContext
+from k3gates.moe import layer_k3 as L
 
 SMALL = L.Shape(n_experts=16, top_k=4, n_shared=2, hidden=128, latent=64, expert_width=64,
                 shared_width=64)  # fmt: skip

@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from k3gates import runner
-from k3gates.discover import GateSite
-from k3gates.registry import Level
+from k3gates.infra import runner
+from k3gates.infra.discover import GateSite
+from k3gates.infra.registry import Level
 
 
 def _site(gate_id: str, exclusive: bool = False) -> GateSite:
@@ -56,11 +56,11 @@ def test_without_the_flag_gates_overlap(monkeypatch):
 
 
 def test_discovery_reads_the_flag(tmp_path: Path):
-    from k3gates.discover import GatePackage, discover_gates
+    from k3gates.infra.discover import GatePackage, discover_gates
 
     (tmp_path / "pkg" / "inno").mkdir(parents=True)
     (tmp_path / "pkg" / "inno" / "gate.py").write_text(
-        "from k3gates.gate import gate\n\n"
+        "from k3gates.infra.gate import gate\n\n"
         '@gate("t1", innovation="kda", level="PARTIAL", exclusive=True)\n'
         "def t1(ctx):\n    pass\n\n"
         '@gate("t2", innovation="kda", level="PARTIAL")\n'

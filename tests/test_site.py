@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from conftest import ROOT, BuildRun
 
-from k3gates.registry import Level
+from k3gates.infra.registry import Level
 
 # tags whose URL attributes the browser fetches by itself (a plain <a> is only a link)
 FETCHED = {

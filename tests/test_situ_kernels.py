@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates import compile as kc
-from k3gates.gate import bit_equal
+from k3gates.infra import compile as kc
+from k3gates.infra.gate import bit_equal
 from k3gates.situ import gate as situ_gate
 from k3gates.situ.kernels import SITU_BETA, SITU_BETA_LIN, SITU_FRAC
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import BuildRun, check, gate_row
 
-from k3gates.gate import REGISTRY, GateContext
+from k3gates.infra.gate import REGISTRY, GateContext
 from k3gates.k3mu.ops import IntOps
-from k3gates.specialise import clusters as C
-from k3gates.specialise import gate as spec_gate
+from k3gates.tasks.specialise import clusters as C
+from k3gates.tasks.specialise import gate as spec_gate
 
 
 def run_gate() -> dict[str, bool]:

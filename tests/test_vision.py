@@ -88,7 +88,7 @@ def test_bad_input_gets_an_error_naming_the_argument(call, message):
 
 # -- the block's kernels (k3gates.vision.kernels_block) and its stages (k3gates.vision.block) ----
 def _block_kernels():
-    from k3gates import compile as kcompile
+    from k3gates.infra import compile as kcompile
     from k3gates.vision import block as B
 
     return B, B.Kernels(kcompile.load)
@@ -158,7 +158,7 @@ def _encode_float(pixels: np.ndarray, wts: dict) -> np.ndarray:
     """The same encoder in float64, written here: pad with 128 to multiples of 14, embed, add
     the resized table (and each frame's time embedding for a clip), the blocks with attention
     inside each chunk of 4 frames, the merger and the projector."""
-    from k3gates.visiongrad import reference as rg
+    from k3gates.vision import reference_grad as rg
 
     clip = pixels if pixels.ndim == 4 else pixels[None]
     f, h, w = clip.shape[:3]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates import compile as kcompile
+from k3gates.infra import compile as kcompile
 from k3gates.vision import block as B
-from k3gates.visiongrad import backward as BW
-from k3gates.visiongrad import reference as rg
+from k3gates.vision import backward as BW
+from k3gates.vision import reference_grad as rg
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""k3gates.visiongrad.reference against central finite differences of its own float64 forward:
+"""k3gates.vision.reference_grad against central finite differences of its own float64 forward:
 for a seeded upstream gradient g and L = sum(g * output), every analytic gradient (inputs and
 each weight, every coordinate) must match (L(a + h e_i) - L(a - h e_i)) / 2h to 1e-6 relative."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from k3gates.vision import reference as ref
-from k3gates.visiongrad import reference as rg
+from k3gates.vision import reference_grad as rg
 
 H = 1e-6
 TOL = 1e-6

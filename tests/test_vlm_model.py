@@ -1,4 +1,4 @@
-"""Issue 16, PROVEN: the tiny vision-language model (k3gates/vlm/model.py) and its gate.
+"""Issue 16, PROVEN: the tiny vision-language model (k3gates/tasks/vlm/model.py) and its gate.
 
 The model's float64 twin is what the integer model is held to, so its gradient is held to central
 finite differences here; the layout that places the vision tokens in the text is checked by hand;
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from conftest import BuildRun, build_module, check, gate_row
 
-from k3gates.vlm import gate as G
-from k3gates.vlm import model as M
-from k3gates.vlm import task as T
+from k3gates.tasks.vlm import gate as G
+from k3gates.tasks.vlm import model as M
+from k3gates.tasks.vlm import task as T
 
 
 def _tiny_batch() -> M.Batch:

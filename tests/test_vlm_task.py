@@ -1,4 +1,4 @@
-"""The vision-language task's data (k3gates.vlm.task): the committed digits, checked by hash;
+"""The vision-language task's data (k3gates.tasks.vlm.task): the committed digits, checked by hash;
 the split; the rendering of images and clips; the target text."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates.vlm import task as T
+from k3gates.tasks.vlm import task as T
 
 
 def test_the_digits_are_the_recorded_file_with_its_classes():

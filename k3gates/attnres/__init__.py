@@ -30,7 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from ..fx import host, quantize, value
 from .kernels import MAX_SOURCES
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from k3gates.fx import quantize
 from k3gates.fx.checks import lsb
-from k3gates.gate import GateContext, gate
-from k3gates.training import check_training, start_rerun
+from k3gates.infra.gate import GateContext, gate
+from k3gates.infra.training import check_training, start_rerun
 
 from ..fx import host
 from . import reference as ref

@@ -26,7 +26,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from . import host
 
 KERNELS = "k3gates.fx.kernels"

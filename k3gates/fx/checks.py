@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from k3gates.gate import GateContext
+from k3gates.infra.gate import GateContext
 
 from .kernels import BOUND_FRAC
 

@@ -15,20 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from k3gates.gate import GateContext, gate
+from k3gates.infra.gate import GateContext, gate
 
 from . import host
 from . import reference as ref
-from .checks import (
-    SEED,
-    anchor_table,
-    check_compiled,
-    check_shuffled,
-    edge_ints,
-    in_lsb,
-    lsb,
-    raw,
-)
+from .checks import SEED, anchor_table, check_compiled, check_shuffled, edge_ints, in_lsb, lsb, raw
 from .kernels import (
     ARG_FRAC,
     EXACT_LSB_Q10,

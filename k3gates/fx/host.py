@@ -7,7 +7,7 @@ feature too), the kernel's bit-exact outputs would differ between machines throu
 the kernel. So every value on the way to a kernel is built here, from operations whose result IEEE
 754 fixes (+ - * / and sqrt, each correctly rounded; ldexp and rounding, exact), from exact
 rational and decimal arithmetic (software, the same everywhere), or from integers.
-`k3gates/inputaudit.py` checks that no gate takes another way.
+`k3gates/infra/inputaudit.py` checks that no gate takes another way.
 
 Formats and error bounds, each proved by tests/test_fx_host.py:
 - `exp(x)`: float64 in, float64 out, relative error at most `EXP_MAX_ERR_ULP` ulp of the result

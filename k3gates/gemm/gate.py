@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from k3gates.gate import GateContext, gate
+from k3gates.infra.gate import GateContext, gate
 
 from . import reference as ref
 from .kernels import EXACT_LSB, I64_ELEM_LIMIT, NR, TILE_K, TILE_M

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 
 KERNELS = "k3gates.k3block.kernels"
 

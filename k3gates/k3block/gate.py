@@ -13,7 +13,7 @@ import numpy as np
 from k3gates.fx import kernels as FX
 from k3gates.fx import quantize, value
 from k3gates.fx.checks import lsb
-from k3gates.gate import GateContext, bit_equal, digest, gate
+from k3gates.infra.gate import GateContext, bit_equal, digest, gate
 
 from ..attnres import kernels as AR
 from ..attnres import reference as attnres_ref

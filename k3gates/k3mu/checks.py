@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from k3gates.gate import GateContext, digest
+from k3gates.infra.gate import GateContext, digest
 
 
 def check_compiled_run(ctx: GateContext, name: str, proves: str, run: Callable[..., tuple]) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import compile as kcompile
+from ..infra import compile as kcompile
 from . import train as T
 from .model import Config
 

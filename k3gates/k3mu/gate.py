@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from k3gates import fresh
-from k3gates.gate import THREAD_COUNTS, GateContext, digest, gate
-from k3gates.training import check_training, start_rerun
+from k3gates.infra import fresh
+from k3gates.infra.gate import THREAD_COUNTS, GateContext, digest, gate
+from k3gates.infra.training import check_training, start_rerun
 
 from . import cli, corpus
 from . import train as T
@@ -63,8 +63,8 @@ def _tokens(cfg: Config, starts: tuple[int, ...]) -> np.ndarray:
 
 def block_gradients(shape: dict, starts: tuple[int, ...], interpreted: bool = False) -> tuple:
     """Every integer gradient (name order) and the summed loss of K3-μ at `shape` on the windows
-    at `starts`: one call, so a fresh process can rerun it (k3gates.fresh)."""
-    from k3gates import compile as kcompile
+    at `starts`: one call, so a fresh process can rerun it (k3gates.infra.fresh)."""
+    from k3gates.infra import compile as kcompile
 
     cfg = _cfg(**shape)
     ops = IntOps(kcompile.interpreted if interpreted else kcompile.load)
@@ -298,7 +298,8 @@ def k3mu_training(ctx: GateContext) -> None:
 
 def architecture(cfg: Config, p: dict) -> dict:
     """Every size of the model, read off the weights the gate trained."""
-    from . import layer_kda, layer_moe
+    from ..kda import layer_train as layer_kda
+    from ..moe import layer_train as layer_moe
 
     kinds = cfg.kinds()
     kda, mla = kinds.index("kda"), kinds.index("mla")
@@ -450,7 +451,7 @@ def _checkpoint_twin(ctx: GateContext, ops: IntOps, params: dict, cfg: Config, d
 
 
 def _sampler_compiled(ctx: GateContext, params: dict, cfg: Config) -> None:
-    from k3gates import compile as kcompile
+    from k3gates.infra import compile as kcompile
 
     from .sample import sample
 

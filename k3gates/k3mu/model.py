@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from . import layer_kda, layer_mla, layer_moe
+from ..kda import layer_train as layer_kda
+from ..mla import layer_train as layer_mla
+from ..moe import layer_train as layer_moe
 
 W_FRAC = 20  # weights and norm gains
 ACT_FRAC = 16  # activations

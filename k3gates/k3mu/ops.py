@@ -16,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import compile as kcompile
+from ..infra import compile as kcompile
 from ..muon import reference as muon_ref
-from ..mxqat import reference as mxqat_ref
+from ..mxfp import reference_qat as mxqat_ref
 from . import reference as glue_ref
-from . import reference_kda, reference_mla, reference_moe
+from ..kda import reference_train as reference_kda
+from ..mla import reference_train as reference_mla
+from ..moe import reference_train as reference_moe
 from .model import FACES, LOSS_FRAC, W_FRAC
 
 EPS = 1e-6  # every RMSNorm (K3-SPEC section 4)
@@ -28,12 +30,12 @@ HYPER_FRAC = 30  # lr, mu, wd in Q.30 (the muon and AdamW kernels' format)
 MUON_EPS_RAW = 1  # NS5's eps in the gradient's units: 2^-24, as good as zero
 KERNELS = {
     "glue": "k3gates.k3mu.kernels_glue",
-    "kda": "k3gates.k3mu.kernels_kda",
-    "mla": "k3gates.k3mu.kernels_mla",
-    "moe": "k3gates.k3mu.kernels_moe",
+    "kda": "k3gates.kda.kernels_train",
+    "mla": "k3gates.mla.kernels_train",
+    "moe": "k3gates.moe.kernels_train",
     "muon": "k3gates.muon.kernels",
 }
-MXQAT = "k3gates.mxqat.kernels"  # the routed experts' quantiser, for quantisation-aware training
+MXQAT = "k3gates.mxfp.kernels_qat"  # the routed experts' quantiser, for quantisation-aware training
 REFERENCES = {"kda": reference_kda, "mla": reference_mla, "moe": reference_moe}
 
 

@@ -165,10 +165,11 @@ def train_int(
     interpreted: bool = False,
     qat: str = "",
 ) -> tuple:
-    """The integer run as one call, for a rerun in a fresh process (k3gates.fresh): its kernels
-    are loaded compiled and guarded there like any gate's (or, with `interpreted`, run from
-    their sources by CPython). `qat="train"`: with MXFP4 QAT on the routed experts (ops.IntOps)."""
-    from .. import compile as kcompile
+    """The integer run as one call, for a rerun in a fresh process (k3gates.infra.fresh): its
+    kernels are loaded compiled and guarded there like any gate's (or, with `interpreted`, run
+    from their sources by CPython). `qat="train"`: with MXFP4 QAT on the routed experts
+    (ops.IntOps)."""
+    from ..infra import compile as kcompile
     from .ops import IntOps
 
     cfg = Config(**cfg_fields)

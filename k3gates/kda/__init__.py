@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from ..fx import host
 
 KERNELS = "k3gates.kda.kernels"

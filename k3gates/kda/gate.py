@@ -7,7 +7,7 @@ from math import isqrt
 
 import numpy as np
 
-from k3gates.gate import GateContext, digest, gate
+from k3gates.infra.gate import GateContext, digest, gate
 
 from ..fx import host
 from . import kernels as K

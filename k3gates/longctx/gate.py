@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from k3gates.gate import GateContext, gate
+from k3gates.infra.gate import GateContext, gate
 
 from ..fx import host
 from ..kda import kernels as kda_k

@@ -32,7 +32,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from ..fx import quantize, value
 from .kernels import (
     A_LIM,

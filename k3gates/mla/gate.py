@@ -14,7 +14,7 @@ import numpy as np
 
 from k3gates.fx import quantize, value
 from k3gates.fx.checks import check_compiled, lsb
-from k3gates.gate import GateContext, gate
+from k3gates.infra.gate import GateContext, gate
 
 from ..fx import host
 from . import (

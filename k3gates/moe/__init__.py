@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from ..fx import quantize, value
 from . import kernels as _k
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from k3gates.fx import quantize, value
 from k3gates.fx.checks import check_compiled, lsb
-from k3gates.gate import GateContext, bit_equal, gate
+from k3gates.infra.gate import GateContext, bit_equal, gate
 
 from . import kernels as K
 from . import reference as ref

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from ..fx import quantize, value
 from .kernels import HYPER_FRAC, TRAIN_FRAC, X_FRAC
 

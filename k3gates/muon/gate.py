@@ -16,8 +16,8 @@ import itertools
 import numpy as np
 
 from k3gates.fx.checks import lsb
-from k3gates.gate import GateContext, bit_equal, gate
-from k3gates.training import check_training, start_rerun
+from k3gates.infra.gate import GateContext, bit_equal, gate
+from k3gates.infra.training import check_training, start_rerun
 
 from ..fx import host
 from . import reference as ref

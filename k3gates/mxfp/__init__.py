@@ -18,7 +18,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 
 KERNELS = "k3gates.mxfp.kernels"
 FORMATS = {"e2m1": 0, "e2m3": 1, "e3m2": 2, "e4m3": 3, "e5m2": 4}

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from k3gates.gate import GateContext, gate
+from k3gates.infra.gate import GateContext, gate
 
 from . import BLOCK, FORMATS, bits_per_value, dequantize, dot, pack_fp4, quantize, unpack_fp4
 from . import reference as ref

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from ..fx import quantize, value
 from .kernels import SITU_BETA, SITU_BETA_LIN, SITU_FRAC
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from k3gates.fx.checks import check_compiled, check_shuffled, in_lsb, lsb, raw
-from k3gates.gate import GateContext, gate
-from k3gates.training import check_training, start_rerun
+from k3gates.infra.gate import GateContext, gate
+from k3gates.infra.training import check_training, start_rerun
 
 from ..fx import host
 from . import reference as ref

@@ -22,9 +22,9 @@ from types import ModuleType
 
 import numpy as np
 
-from ..gate import GateContext, digest
+from ..infra.gate import GateContext, digest
 from ..k3mu.ops import FloatOps, IntOps
-from ..training import Rerun, check_training, start_rerun
+from ..infra.training import Rerun, check_training, start_rerun
 from . import seq as S
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..k3mu import layer_kda
+from ..kda import layer_train as layer_kda
 from ..k3mu import reference as glue_ref
 from ..k3mu.model import FACES, dequantize_params, quantize_params, sub
 

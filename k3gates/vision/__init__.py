@@ -19,7 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .. import compile as _compile
+from ..infra import compile as _compile
 from ..fx import host, quantize, value
 from ..longctx.kernels import X_FRAC
 from . import kernels as K

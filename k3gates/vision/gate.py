@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from k3gates.fx.checks import check_compiled
-from k3gates.gate import GateContext, gate
+from k3gates.infra.gate import GateContext, gate
 
 from ..longctx import kernels as LK
 from . import block as B

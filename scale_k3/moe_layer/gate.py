@@ -15,12 +15,12 @@ import math
 
 import numpy as np
 
-from k3gates.gate import GateContext, digest, gate
-from k3gates.moe_k3 import layer as L
-from k3gates.moe_k3 import reference as R
+from k3gates.infra.gate import GateContext, digest, gate
+from k3gates.moe import layer_k3 as L
+from k3gates.moe import reference_k3 as R
 
 SHAPE = L.K3
-SEED = 20260708  # the documented run's seed (python -m k3gates.moe_k3)
+SEED = 20260708  # the documented run's seed (python -m k3gates.moe)
 TOKENS = 16
 SAMPLE = 4  # tokens held to float64 and to one process: up to 64 experts regenerated here
 WORKERS = 2
@@ -50,7 +50,7 @@ BOUNDS = L.declared_bounds(SHAPE, ROW_L1)
     level="HAVE",
     kernels=[
         "k3gates.moe.kernels",
-        "k3gates.mxqat.kernels",
+        "k3gates.mxfp.kernels_qat",
         "k3gates.gemm.kernels",
         "k3gates.situ.kernels",
         "k3gates.fx.kernels",
@@ -104,7 +104,7 @@ def _compiled(ctx: GateContext, layer: L.LatentMoE, x, result: L.Result) -> None
         "compiled_packed_matmul", "packed_matmul", z, np.full(z.shape, -L.Z_FRAC, np.int64),
         np.ascontiguousarray(w.w1[0][:8, :32]), np.ascontiguousarray(w.w1[1][:8, :2]), L.Z_FRAC,
         inputs="z of 2 tokens (64 latent columns) against 8 rows of token 0's first expert's w1",
-        modname="k3gates.mxqat.kernels",
+        modname="k3gates.mxfp.kernels_qat",
     )  # fmt: skip
     d = layer.dense
     ctx.check_compiled_matches_interpreted(
