@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from k3gates.infra import compile as kcompile
 from k3gates.attnres import reference as ref
 from k3gates.fx import quantize
+from k3gates.infra import compile as kcompile
 
 N_SRC, T, D = 9, 4096, 256
 T_INTERP = 16  # tokens for the interpreted runs

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from k3gates.infra import compile as kcompile
 from k3gates.fx import quantize
+from k3gates.infra import compile as kcompile
 
 N = 1 << 22
 ROWS, COLS = 4096, 1024  # 2^22 values for the row functions

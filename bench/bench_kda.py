@@ -126,7 +126,7 @@ def interpreted_ratio() -> None:
 
 def long_runs() -> None:
     """The longctx_1m gate's 2^20-token workloads, with the gate's own input generators."""
-    from k3gates.longctx import gate as lg
+    from k3gates.k3block import gate_longctx as lg
 
     kda = kcompile.load("k3gates.kda.kernels")
     mla = kcompile.load("k3gates.mla.kernels")

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
-from k3gates.infra import compile as kcompile
 from k3gates.fx import quantize, value
+from k3gates.infra import compile as kcompile
 from k3gates.moe import gate as G
 from k3gates.moe import reference as ref
 

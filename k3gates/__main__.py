@@ -8,6 +8,8 @@ python -m k3gates run GATE|INNOVATION  compile what those gates need, run them, 
 python -m k3gates faults GATE|INNOVATION|all
                                        rerun gates with corrupted kernel outputs; print which
                                        checks catch each fault; record it in site_src/faults.json
+python -m k3gates faults --status all  run nothing: is each gate's fault record one of the code
+                                       the last published build ran (its content key)?
 python -m k3gates train k3mu --steps N --out DIR
                                        train K3-μ in integers with a live progress line; write the
                                        checkpoint, the curves and weight digests every K steps
@@ -171,6 +173,35 @@ def faults(names: list[str], jobs: int, small: bool, record: bool, first: bool =
     return 1 if missed or broken else 0
 
 
+def fault_status(names: list[str], site: Path, records_file: Path | None = None) -> int:
+    """For each chosen gate, whether site_src/faults.json holds a record made on the code the
+    last published build ran (records are keyed by content, so a moved file keeps its record).
+    Exit 1 if any is stale or missing."""
+    from .infra import faultsuite
+
+    chosen = _choose(names)
+    built = {g["id"]: g for g in load(site)["gates"]}
+    root = Path(__file__).resolve().parent.parent
+    records = faultsuite.load(records_file or root / "site_src" / faultsuite.FAULTS_FILE)
+    counts = {"current": 0, "stale": 0, "none": 0}
+    for site_ in chosen:
+        rec, code = records.get(site_.id), built.get(site_.id, {}).get("code", "")
+        if rec is None:
+            state, note = "none", "no fault record"
+        elif code and rec.get("code") == code:
+            state = "current"
+            note = f"{rec['caught']}/{rec['applicable']} caught, recorded at {rec['commit'][:10]}"
+        else:
+            state = "stale"
+            note = (f"recorded on code {rec.get('code')} at {rec.get('commit', '?')[:10]}; "
+                    f"the build ran code {code or '(not in the build)'}")  # fmt: skip
+        counts[state] += 1
+        print(f"{site_.id:<28} {state:<8} {note}")
+    print(f"faults: {counts['current']} current, {counts['stale']} stale, {counts['none']} "
+          f"without a record, of {len(chosen)} gates")  # fmt: skip
+    return 0 if counts["current"] == len(chosen) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m k3gates", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -192,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         help="stop each faulted run at its first failed check (faster; table lists one check)",
     )
     f.add_argument("--no-record", action="store_true", help="do not write site_src/faults.json")
+    f.add_argument(
+        "--status",
+        action="store_true",
+        help="run nothing: say whether each record is of the last build's code",
+    )
+    f.add_argument("--site", type=Path, default=DEFAULT_SITE, help="a published site folder")
     t = sub.add_parser("train", help="train K3-μ in integers (a long run, recorded)")
     t.add_argument("model", choices=["k3mu"])
     t.add_argument("--steps", type=int, required=True)
@@ -232,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"sample: {e}") from None
     if args.command == "run":
         return run(args.names, max(1, args.jobs))
+    if args.command == "faults" and args.status:
+        return fault_status(args.names, args.site)
     if args.command == "faults":
         return faults(
             args.names, max(1, args.jobs), args.small, not args.no_record and not args.first,

@@ -8,9 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from k3gates.infra import compile as kc
 from k3gates.attnres import gate as G
 from k3gates.attnres import kernels as K
+from k3gates.infra import compile as kc
 from k3gates.infra.gate import bit_equal
 
 ATTNRES = "k3gates.attnres.kernels"

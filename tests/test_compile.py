@@ -68,6 +68,18 @@ def test_compile_then_reuse_then_recompile_on_change(pkg: Path):
     assert kc.load("tpkg.user.kernels").apply(a).tolist() == [-48, -6, 0, 36]
 
 
+def test_a_kernel_import_spelled_from_its_own_folder_is_refused(pkg: Path):
+    """`from .kernels import` would bind another file once compiled into a module elsewhere."""
+    (pkg / "lib" / "kernels_two.py").write_text("from .kernels import scale\n")
+    with pytest.raises(kc.CompileError, match=r"kernels_two.py:1: `from .kernels import"):
+        kc.dependencies("tpkg.lib.kernels_two")
+    (pkg / "lib" / "kernels_two.py").write_text("from ..lib.kernels import scale\n")
+    assert set(kc.dependencies("tpkg.lib.kernels_two")) == {
+        "tpkg.lib.kernels",
+        "tpkg.lib.kernels_two",
+    }
+
+
 def test_compiled_matches_interpreted_on_negative_floor_division(pkg: Path):
     a = np.arange(-50, 50, dtype=np.int64)
     compiled = kc.load("tpkg.user.kernels").apply(a)

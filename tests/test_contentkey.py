@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from k3gates.infra import contentkey
 
 KERNELS = '''"""Kernels."""
@@ -83,20 +85,20 @@ def test_a_pure_move_keeps_every_key(tmp_path):
     assert contentkey.code_key(before, {}) == contentkey.code_key(after, {})
 
 
-def test_what_an_import_names_is_in_the_key(tmp_path):
-    """Rebinding `kernels` to another module with a function of the same name changes the key."""
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        # rebinding `kernels` to another module with a function of the same name
+        ("from ..prim import kernels", "from ..other import kernels"),
+        # naming another kernel module in a string
+        ('"pkg.prim.kernels"', '"pkg.other.kernels"'),
+    ],
+)
+def test_what_a_name_is_bound_to_is_in_the_key(tmp_path, old, new):
     a = _before(tmp_path / "a")
     gate = a["pkg/tasks/gate.py"]
     before = _keys(tmp_path / "a", [gate])
-    gate.write_text(GATE.replace("from ..prim import kernels", "from ..other import kernels"))
-    assert _keys(tmp_path / "a", [gate]) != before
-
-
-def test_a_kernel_module_named_in_a_string_is_in_the_key(tmp_path):
-    a = _before(tmp_path / "a")
-    gate = a["pkg/tasks/gate.py"]
-    before = _keys(tmp_path / "a", [gate])
-    gate.write_text(GATE.replace('"pkg.prim.kernels"', '"pkg.other.kernels"'))
+    gate.write_text(GATE.replace(old, new))
     assert _keys(tmp_path / "a", [gate]) != before
 
 
@@ -121,3 +123,13 @@ def test_a_data_file_is_in_the_code_key(tmp_path):
     assert contentkey.code_key(["k"], first) != contentkey.code_key(
         ["k"], contentkey.data_files(folder)
     )
+
+
+def test_a_package_attribute_is_not_taken_for_the_submodule_it_shadows(tmp_path):
+    """`from pkg.prim import kernels` is the package's own `kernels` when its __init__ binds one
+    (Python gives the attribute), so moving the module beside it must change the key."""
+    a = _before(tmp_path / "a")
+    gate = a["pkg/tasks/gate.py"]
+    before = _keys(tmp_path / "a", [gate])
+    (tmp_path / "a" / "pkg/prim/__init__.py").write_text("def kernels():\n    return 0\n")
+    assert _keys(tmp_path / "a", [gate]) != before

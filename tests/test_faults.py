@@ -9,6 +9,7 @@ fail.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -79,3 +80,23 @@ def test_a_fault_record_is_shown_only_for_the_code_it_ran_on():
     g = {"code": "def"}
     build.attach_faults(g, rec)
     assert g["faults"] is None and g["faults_caught"] is None and g["faults_stale"] is rec
+
+
+def test_fault_status_reads_records_by_the_builds_code(built_site: BuildRun, tmp_path, capsys):
+    """`python -m k3gates faults --status` runs nothing: a record of the code the build ran is
+    current, a record of other code is stale, and a stale one makes it exit 1."""
+    from k3gates.__main__ import fault_status
+
+    gates = built_site.census["gates"]
+    records = {g["id"]: {"code": g["code"], "caught": 1, "applicable": 1, "commit": "c" * 12}
+               for g in gates}  # fmt: skip
+    path = tmp_path / "faults.json"
+    path.write_text(json.dumps({"gates": records}))
+    assert fault_status(["all"], built_site.out, path) == 0
+    assert f"{len(gates)} current, 0 stale" in capsys.readouterr().out
+    records[gates[0]["id"]]["code"] = "0" * 16
+    path.write_text(json.dumps({"gates": records}))
+    assert fault_status(["all"], built_site.out, path) == 1
+    out = capsys.readouterr().out
+    assert f"{len(gates) - 1} current, 1 stale" in out
+    assert f"{gates[0]['id']:<28} stale" in out

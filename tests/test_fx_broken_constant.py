@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from k3gates.fx.kernels import LN2_Q56
 from k3gates.infra import compile as kcompile
 from k3gates.infra.discover import GatePackage, discover_gates
-from k3gates.fx.kernels import LN2_Q56
 
 ROOT = Path(__file__).resolve().parent.parent
 FX = "k3gates.fx.kernels"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates.infra import compile as kc
-from k3gates.infra import faults
 from k3gates import gemm as face
-from k3gates.infra.gate import REGISTRY, GateContext, bit_equal
 from k3gates.gemm import gate as gemm_gate
 from k3gates.gemm import kernels as K
 from k3gates.gemm import reference as ref
+from k3gates.infra import compile as kc
+from k3gates.infra import faults
+from k3gates.infra.gate import REGISTRY, GateContext, bit_equal
 
 MOD = "k3gates.gemm.kernels"
 I32_MAX = 2**31 - 1

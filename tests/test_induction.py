@@ -9,11 +9,11 @@ from conftest import BuildRun, check, gate_row
 
 from k3gates.infra import compile as kc
 from k3gates.infra.gate import REGISTRY, GateContext
-from k3gates.tasks.induction import gate as ind_gate
-from k3gates.tasks.induction import task as I
 from k3gates.k3mu.ops import IntOps
 from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
+from k3gates.tasks.induction import gate as ind_gate
+from k3gates.tasks.induction import task as I
 
 
 # -- the published evidence -----------------------------------------------------------------------

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from k3gates.infra import compile as kc
 from k3gates.fx import quantize, value
+from k3gates.infra import compile as kc
 from k3gates.infra.gate import REGISTRY, GateContext, bit_equal
 from k3gates.k3block import gate as block_gate
 from k3gates.k3block import kernels as K

@@ -1,5 +1,6 @@
 """K3-μ KDA layer: float reference vs finite differences, integer kernels vs the float reference
-(within the bounds kernels_kda declares), compiled == interpreted, and the state-domain guard."""
+(within the bounds kda.kernels_train declares), compiled == interpreted, and the state-domain
+guard."""
 
 from __future__ import annotations
 

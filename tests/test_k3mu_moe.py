@@ -1,5 +1,5 @@
 """K3-μ LatentMoE FFN: the float reference against finite differences, the integer kernels against
-the float reference (within the bounds kernels_moe.py declares), compiled == interpreted, and
+the float reference (within the bounds moe/kernels_train.py declares), compiled == interpreted, and
 Quantile Balancing's loads.
 
 The selection is discrete, so the float reference is always given the integer run's selection
@@ -94,7 +94,7 @@ def test_reference_backward_matches_finite_differences():
         assert np.abs(num).max() > 1e-3, name  # a zero gradient would pass trivially
 
 
-# -- the declared forward bound (kernels_moe.py's docstring), on the data -----------------------
+# -- the declared forward bound (moe/kernels_train.py's docstring), on the data ---------------
 def forward_bound(pd: dict, cr: dict) -> np.ndarray:
     """Per-output bound (real units) on |y_int - y_float|: 1/2 LSB of Q.16 plus FWD_SLACK times
     the first-order propagation of the kernels' internal roundings (u = 2^-25 each)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from conftest import BuildRun, check, gate_row
 
-from k3gates.kda import kernels as KDA
 from k3gates.kda import gate_grad as G
+from k3gates.kda import kernels as KDA
 from k3gates.kda import kernels_grad as K
 from k3gates.kda import reference_grad as R
 

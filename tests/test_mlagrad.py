@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from conftest import BuildRun, check, gate_row
 
-from k3gates.mla import kernels as M
 from k3gates.mla import gate_grad as G
-from k3gates.mla import reference_grad as R
+from k3gates.mla import kernels as M
+from k3gates.mla import reference as R
 
 
 @pytest.mark.parametrize("n", [1, 64, 1 << 14, 1 << 20])

@@ -9,10 +9,10 @@ from conftest import BuildRun, check, gate_row
 from k3gates.infra.gate import REGISTRY, GateContext
 from k3gates.k3mu.model import sub
 from k3gates.k3mu.ops import IntOps
-from k3gates.tasks.mqar import gate as mq_gate
-from k3gates.tasks.mqar import task as Q
 from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
+from k3gates.tasks.mqar import gate as mq_gate
+from k3gates.tasks.mqar import task as Q
 
 
 # -- the published evidence -----------------------------------------------------------------------

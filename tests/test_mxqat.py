@@ -1,5 +1,5 @@
-"""MXFP4 quantisation-aware training's integer kernels (k3gates.mxqat) at small sizes: the packed
-inference path against the fake-quantised forward, the straight-through gradient against
+"""MXFP4 quantisation-aware training's integer kernels (k3gates.mxfp.kernels_qat) at small sizes:
+the packed inference path against the fake-quantised forward, the straight-through gradient against
 float64, and the two scale rules on the blocks where they part. The gate (mxfp_qat) holds every
 stage at its bound."""
 

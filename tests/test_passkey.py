@@ -1,5 +1,5 @@
 """1M context PROVEN on its own task (issue 15): passkey retrieval, K3-μ's MLA layer with its
-queries at the last rows only (kernels_mla's t0), and the gate's published evidence."""
+queries at the last rows only (mla.kernels_train's t0), and the gate's published evidence."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from k3gates.infra.gate import REGISTRY, GateContext
 from k3gates.mla import kernels_train as KM
 from k3gates.mla import layer_train as layer_mla
 from k3gates.mla import reference_train as R
+from k3gates.tasks import proof as P
 from k3gates.tasks.passkey import gate as pk_gate
 from k3gates.tasks.passkey import task as T
-from k3gates.tasks import proof as P
 
 D = 16
 

@@ -8,9 +8,9 @@ import pytest
 
 from k3gates.infra.fresh import FreshRunError
 from k3gates.k3mu.ops import FloatOps
-from k3gates.tasks.mqar import task as Q
 from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
+from k3gates.tasks.mqar import task as Q
 
 STEPS, SEED = 3, 5
 

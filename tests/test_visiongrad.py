@@ -1,5 +1,5 @@
-"""The vision backward's integer kernels (k3gates.visiongrad) at small sizes: against the float64
-reference, exact where the arithmetic is exact, and stopping outside their domains. The gate
+"""The vision backward's integer kernels (k3gates.vision.kernels_grad) at small sizes: against the
+float64 reference, exact where the arithmetic is exact, and stopping outside their domains. The gate
 (vision_backward) holds them at K3's width."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from k3gates.infra import compile as kcompile
-from k3gates.vision import block as B
 from k3gates.vision import backward as BW
+from k3gates.vision import block as B
 from k3gates.vision import reference_grad as rg
 
 

@@ -30,8 +30,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..infra import compile as _compile
 from ..fx import host, quantize, value
+from ..infra import compile as _compile
 from .kernels import MAX_SOURCES
 
 KERNELS = "k3gates.attnres.kernels"

@@ -37,7 +37,7 @@ from .kernels import (
 )
 
 KERNELS = "k3gates.fx.kernels"
-# gemmlowp fixedpoint.h test tolerances, Q0.31 output, units of 2^-31 (INTEGER-NOTES.md)
+# gemmlowp fixedpoint.h test tolerances, Q0.31 output, units of 2^-31 (docs/K3-SPEC.md section 13)
 ANCHOR_EXP = 500
 ANCHOR_TANH = 310
 ANCHOR_LOGISTIC = 155

@@ -201,7 +201,7 @@ def saturate(x, bits):
     return max(-hi - 1, min(x, hi))
 
 
-def _mul_mag_wide(a, b):
+def mul_mag_wide(a, b):
     """(hi, lo) with a*b = hi * 2**62 + lo, 0 <= lo < 2**62, for 0 <= a, b <= 2**62. Exact.
 
     31-bit limbs: a = ah 2^31 + al, b = bh 2^31 + bl. mid = ah bl + al bh + (al bl >> 31) stays
@@ -220,7 +220,7 @@ def mul_q62(a, b):
     """The Q0.62 high multiply: a*b / 2**62 rounded half away from zero. Exact.
 
     Domain |a|, |b| <= 2**62; the result has |.| <= 2**62. Four 31x31-bit products, no overflow
-    (see _mul_mag_wide); the rounding bit is bit 30 of mid.
+    (see mul_mag_wide); the rounding bit is bit 30 of mid.
     """
     neg = (a < 0) != (b < 0)
     ua = abs(a)
@@ -240,7 +240,7 @@ def mul_round(a, b, s):
     Domain |a|, |b| <= 2**62, 0 <= s <= 124, |result| < 2**62 (the caller's magnitudes).
     """
     neg = (a < 0) != (b < 0)
-    hi, lo = _mul_mag_wide(abs(a), abs(b))
+    hi, lo = mul_mag_wide(abs(a), abs(b))
     if s >= 62:
         t = s - 62
         if t == 0:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..infra import compile as _compile
 from ..fx import quantize, value
+from ..infra import compile as _compile
 from .kernels import MAX_SHIFT
 
 KERNELS = "k3gates.gemm.kernels"

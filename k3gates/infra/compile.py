@@ -38,7 +38,7 @@ from . import faults
 # Pythran's interprocedural type combiner carries a callee's effect on an argument's type back to
 # the caller. Our helpers only take int64 scalars and arrays whose type a callee cannot change, so
 # it adds nothing, but g++ spent 94% of the compile resolving the type chains it writes (attnres:
-# 295 s -> 46 s, k3mu.kernels_moe: 370 s -> 67 s without it). The gates' digests are unchanged.
+# 295 s -> 46 s, moe.kernels_train: 370 s -> 67 s without it). The gates' digests are unchanged.
 # Pythran 0.19's default optimisation passes minus ModIndex and RangeBasedSimplify: both run a
 # costly range analysis and change nothing here. The C++ that `pythran -E` writes is byte-identical
 # for all 21 kernel modules without them, and the front end takes 128 s instead of 165 s in all.
@@ -142,6 +142,17 @@ def _relative_imports_of(modname: str, path: Path, mtime_ns: int, size: int) -> 
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level > 0:
+            # Pythran finds a relative import from the folder of the module it compiles, not of
+            # the file that says it, and knows an imported module by its spelling: `.kernels`
+            # in mxfp/kernels_qat.py, compiled into moe/kernels_train.py, would be moe's kernels.
+            # One spelling, the same from every folder, binds the same file everywhere.
+            if node.level != 2 or not node.module or node.module.count(".") != 1:
+                spelled = "." * node.level + (node.module or "")
+                raise CompileError(
+                    f"{path}:{node.lineno}: `from {spelled} import ...`: a kernel module imports "
+                    "another only as `from ..<package>.<module> import ...` (Pythran resolves "
+                    "relative imports from the compiled module's folder)"
+                )
             base = package[: len(package) - (node.level - 1)]
             found.append(".".join(base + ([node.module] if node.module else [])))
     write_memo(memo, found)

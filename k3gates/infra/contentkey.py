@@ -9,7 +9,9 @@ content, never from paths, so that moving a file leaves every record made on it 
   written in that tree as the *body key* of the module it names: the module's tree without its
   docstrings, each of its imports reduced to the names it binds and each module name in it
   blanked (they are spelled out in that module's own key). What a name is bound to stays in the
-  key; the path it was spelled with does not.
+  key; the path it was spelled with does not. `from package import name` is taken, as Python
+  takes it, for the package's own attribute when its __init__ binds that name, else for the
+  submodule.
 - A data file a gate reads (a corpus, a checkpoint) is keyed by its bytes and its path relative to
   the gate's folder.
 - A gate's *code key* hashes the sorted keys of every project file its process loaded (the kernels'
@@ -81,7 +83,10 @@ _INDEXES: dict[str, Mapping[str, Path]] = {}
 
 
 def _index_key(index: Mapping[str, Path]) -> str:
-    k = hashlib.sha256(repr(sorted((n, str(p)) for n, p in index.items())).encode()).hexdigest()
+    """Names the index and the state of every file in it: a key depends on the files it names,
+    so an edit anywhere makes every memoised key be computed again."""
+    files = sorted((n, str(p), _stat(p)) for n, p in index.items())
+    k = hashlib.sha256(repr(files).encode()).hexdigest()
     _INDEXES[k] = index
     return k
 
@@ -112,7 +117,7 @@ def _file_key(path: Path, stat: tuple[int, int], index_key: str) -> str:
             pairs = []
             for a in node.names:
                 sub = f"{base}.{a.name}" if base else a.name
-                if sub in index:  # from package import module
+                if sub in index and not _binds(index.get(base), a.name):  # from package import mod
                     pairs.append((target_key(sub), a.asname or a.name))
                 elif base in index:
                     pairs.append((f"{target_key(base)}.{a.name}", a.asname or a.name))
@@ -146,6 +151,28 @@ def _body_key(path: Path, stat: tuple[int, int], index_key: str) -> str:
             return node
 
     return hashlib.sha256(ast.dump(Names().visit(tree)).encode()).hexdigest()[:16]
+
+
+def _binds(package: Path | None, name: str) -> bool:
+    """Whether the package file binds `name` itself: then `from package import name` is that
+    attribute, as Python gives it, not the submodule of the same name."""
+    if package is None or package.name != "__init__.py":
+        return False
+    return name in _bound_names(package, _stat(package))
+
+
+@lru_cache(maxsize=1024)
+def _bound_names(path: Path, stat: tuple[int, int]) -> frozenset[str]:
+    names = set()
+    for node in ast.parse(path.read_bytes(), filename=str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return frozenset(names)
 
 
 def _markers(items: Iterable[tuple]) -> list[ast.AST]:

@@ -79,7 +79,7 @@ def _status_kib(field: str) -> int:
 
 def main(argv: list[str]) -> int:
     from . import compile as kcompile
-    from .gate import _as_tuple, digest
+    from .bits import as_tuple, digest
 
     job: dict[str, Any] = pickle.loads(Path(argv[0]).read_bytes())
     if job.get("python"):
@@ -93,10 +93,10 @@ def main(argv: list[str]) -> int:
         before = _status_kib("VmRSS")
         result = func(*job["args"])
         report["peak_growth_bytes"] = (_status_kib("VmHWM") - before) * 1024
-        report["output_bytes"] = [int(getattr(x, "nbytes", 0)) for x in _as_tuple(result)]
+        report["output_bytes"] = [int(getattr(x, "nbytes", 0)) for x in as_tuple(result)]
     else:
         result = func(*job["args"])
-    report["digest"] = digest(*_as_tuple(result))
+    report["digest"] = digest(*as_tuple(result))
     Path(argv[1]).write_text(json.dumps(report))
     return 0
 

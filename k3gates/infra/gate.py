@@ -25,7 +25,6 @@ importing it, and so can name the file and line of a bad id before anything runs
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import re
 import time
@@ -40,6 +39,7 @@ import numpy as np
 
 from . import compile as kcompile
 from . import fresh
+from .bits import as_tuple, bit_equal, digest
 from .discover import DEFAULT_TIMEOUT_S
 from .registry import Level, canonical
 
@@ -146,26 +146,6 @@ def first_sentence(doc: str) -> str:
     """The first sentence of a docstring's first paragraph, whole, its line breaks made spaces."""
     paragraph = " ".join(doc.strip().split("\n\n")[0].split())
     return _SENTENCE_END.split(paragraph, maxsplit=1)[0]
-
-
-def digest(*arrays: Any) -> str:
-    """A short SHA-256 over dtype, shape and bytes of each array: equal digests, equal bits."""
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
-
-
-def _as_tuple(out: Any) -> tuple:
-    return out if isinstance(out, tuple) else (out,)
-
-
-def bit_equal(a: Any, b: Any) -> bool:
-    """Same dtype, same shape, same bytes, element by element of a tuple."""
-    a, b = _as_tuple(a), _as_tuple(b)
-    return len(a) == len(b) and all(digest(x) == digest(y) for x, y in zip(a, b, strict=True))
 
 
 class GateContext:
@@ -336,9 +316,9 @@ class GateContext:
                 "the check does not say which inputs the interpreted side ran on",
             )
         tc, ti = t1 - t0, t2 - t1
-        digests = {"compiled": digest(*_as_tuple(out_c))}
+        digests = {"compiled": digest(*as_tuple(out_c))}
         if not raised:
-            digests["interpreted"] = digest(*_as_tuple(out_i))
+            digests["interpreted"] = digest(*as_tuple(out_i))
         self._record(
             Check(
                 name,
@@ -369,7 +349,7 @@ class GateContext:
         mod = self._modname(modname)
         loops = omp_loops(mod, func)
         t0 = time.perf_counter()
-        runs = {"this process": digest(*_as_tuple(getattr(self.compiled(mod), func)(*args)))}
+        runs = {"this process": digest(*as_tuple(getattr(self.compiled(mod), func)(*args)))}
         for n in THREAD_COUNTS:
             runs[f"fresh process, OMP_NUM_THREADS={n}"] = fresh.run_digest(
                 mod, func, args, threads=n
@@ -409,7 +389,7 @@ class GateContext:
         The runs must differ in something a float implementation would be sensitive to
         (thread count, split points, order of independent rows): two reruns of identical
         inputs prove nothing."""
-        digests = {label: digest(*_as_tuple(out)) for label, out in runs.items()}
+        digests = {label: digest(*as_tuple(out)) for label, out in runs.items()}
         passed = len(runs) >= 2 and len(set(digests.values())) == 1
         message = (
             ""

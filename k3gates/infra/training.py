@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from . import fresh
-from .gate import GateContext, _as_tuple, digest
+from .bits import as_tuple, digest
+from .gate import GateContext
 
 START_FACTOR = 10.0
 CURVE = "loss_curve"  # the bound name a training gate declares: the relative tolerance
@@ -152,7 +153,7 @@ def check_training(
         helper="k3gates.infra.training",
     )
     runs = {
-        f"this process (OMP_NUM_THREADS={rerun.here})": digest(*_as_tuple(first)),
+        f"this process (OMP_NUM_THREADS={rerun.here})": digest(*as_tuple(first)),
         f"fresh process (OMP_NUM_THREADS={rerun.threads})": rerun.digest(),
     }
     ok &= ctx.check_digests(

@@ -1,5 +1,5 @@
 """The compiled-equals-interpreted check of a whole model run, shared by the gates that run K3-μ
-whole (k3mu/gate.py, mxqat/gate.py)."""
+whole (k3mu/gate.py, mxfp/gate_qat.py)."""
 
 from __future__ import annotations
 

@@ -48,13 +48,13 @@ import numpy as np
 from ..fx.kernels import (
     LN2_Q56,
     MASK31,
-    _mul_mag_wide,
     arg_q56,
     bitlen,
     div_round,
     div_round_shift,
     exp_neg_q62,
     isqrt,
+    mul_mag_wide,
     mul_q62,
     mul_round,
     recip_q62,
@@ -781,7 +781,7 @@ def sample_next(logits, temperature_q, top_k, state):
     k, total = top_weights(logits, temperature_q, top_k, order, wt)
     zh, zl, new_state = splitmix64(state)
     u = (zh << 30) | (zl >> 2)  # top 62 bits: Q0.62 in [0, 1)
-    r, _ = _mul_mag_wide(u, total)  # floor(u total / 2^62) < total
+    r, _ = mul_mag_wide(u, total)  # floor(u total / 2^62) < total
     acc = 0
     token = int(order[k - 1])
     for i in range(k):

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from ..infra import compile as kcompile
-from ..muon import reference as muon_ref
-from ..mxfp import reference_qat as mxqat_ref
-from . import reference as glue_ref
 from ..kda import reference_train as reference_kda
 from ..mla import reference_train as reference_mla
 from ..moe import reference_train as reference_moe
+from ..muon import reference as muon_ref
+from ..mxfp import reference_qat as mxqat_ref
+from . import reference as glue_ref
 from .model import FACES, LOSS_FRAC, W_FRAC
 
 EPS = 1e-6  # every RMSNorm (K3-SPEC section 4)
@@ -152,7 +152,7 @@ class IntOps:
 
 class FloatOps:
     """The float64 twin: the same model on each module's reference.py. `qat="train"`: the
-    routed experts fake-quantised as IntOps's, by mxqat's float64 reference quantiser."""
+    routed experts fake-quantised as IntOps's, by reference_qat's float64 quantiser."""
 
     def __init__(self, qat: str = "") -> None:
         self.qat = qat

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..infra import compile as _compile
 from ..fx import host
+from ..infra import compile as _compile
 
 KERNELS = "k3gates.kda.kernels"
 QK_FRAC, V_FRAC, A_FRAC, G_FRAC = 24, 20, 30, 24  # as in kernels.py

@@ -1,9 +1,9 @@
-"""K3-μ Kimi Delta Attention layer: the Python face of kernels_kda (K3-SPEC.md §1).
+"""K3-μ Kimi Delta Attention layer: the Python face of kda.kernels_train (K3-SPEC.md §1).
 
-Only batches, indexes and calls kernels: every value is computed in kernels_kda.py, whose work
+Only batches, indexes and calls kernels: every value is computed in kda/kernels_train.py, whose work
 is cut into nine exports (kda_fwd_lin, kda_fwd_act, kda_fwd_qkv, kda_fwd_rec, kda_fwd_rms,
 kda_fwd_out; kda_bwd_out, kda_bwd_rec, kda_bwd_in) so g++ compiles it within its memory cap
-(kernels_kda's docstring says why). The cache is the tuple of integer arrays they hand on.
+(kda.kernels_train's docstring says why). The cache is the tuple of integer arrays they hand on.
 H and dk come from the shapes (a_head has H entries, norm_w has dk).
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..fx import host
 
-H_DEFAULT = 2  # K3-μ: 2 KDA heads of dk = dv = d / 2 (k3mu_contract.md)
+H_DEFAULT = 2  # K3-μ: 2 KDA heads of dk = dv = d / 2 (docs/K3-SPEC.md section 10)
 CONV = 4  # short-convolution kernel size
 
 
@@ -41,7 +41,7 @@ CACHE_NAMES = ("u", "c", "qkv", "nrm", "alpha", "sg", "beta", "S", "o", "oh", "r
 
 
 class StateDomainError(ValueError):
-    """The recurrence left the magnitudes kernels_kda's int64 arithmetic is analysed for."""
+    """The recurrence left the magnitudes kda.kernels_train's int64 arithmetic is analysed for."""
 
 
 def init(rng: np.random.Generator, d: int, heads: int = H_DEFAULT) -> dict[str, np.ndarray]:
@@ -70,8 +70,8 @@ def _c(a: np.ndarray) -> np.ndarray:
 def _check(flags: np.ndarray, where: str) -> None:
     if np.any(flags):
         raise StateDomainError(
-            f"kernels_kda.{where}: {int(np.sum(flags))} entries beyond the recurrence's int64 "
-            "domain (state and state-gradient row/column 2-norms below 2^37 raw); lower the "
+            f"kda.kernels_train.{where}: {int(np.sum(flags))} entries beyond the recurrence's "
+            "int64 domain (state and state-gradient row/column 2-norms below 2^37 raw); lower the "
             "learning rate or check the inputs"
         )
 
@@ -79,8 +79,8 @@ def _check(flags: np.ndarray, where: str) -> None:
 def _check_gemm(outside: int, where: str) -> None:
     if outside:
         raise StateDomainError(
-            f"kernels_kda.{where}: {int(outside)} projection outputs outside the shared GEMM's "
-            "exact int64 domain (k3gates/gemm); check the inputs' magnitudes"
+            f"kda.kernels_train.{where}: {int(outside)} projection outputs outside the shared "
+            "GEMM's exact int64 domain (k3gates/gemm); check the inputs' magnitudes"
         )
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx.reference import sigmoid
+
 EPS = 1e-6  # the L2 and RMS norms' epsilon (K3-SPEC §1: L2 eps 1e-6; head RMSNorm eps 1e-6)
 GATE_LOWER = 5.0  # K3's gate g = -5 sigma(.): alpha in (e^-5, 1)
 CONV = 4  # short-convolution kernel size
@@ -32,11 +34,6 @@ CONV = 4  # short-convolution kernel size
 def dims(p: dict) -> tuple[int, int]:
     """(H, dk) from the shapes: a_head has one entry per head, norm_w one per value channel."""
     return p["a_head"].shape[0], p["norm_w"].shape[0]
-
-
-def sigmoid(u: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(u))
-    return np.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _l2(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

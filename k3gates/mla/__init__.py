@@ -32,8 +32,8 @@ from types import ModuleType
 
 import numpy as np
 
-from ..infra import compile as _compile
 from ..fx import quantize, value
+from ..infra import compile as _compile
 from .kernels import (
     A_LIM,
     C_FRAC,

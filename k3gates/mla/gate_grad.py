@@ -10,7 +10,7 @@ from k3gates.infra import gradcheck
 from k3gates.infra.gate import GateContext, gate
 
 from . import kernels as mla_k
-from . import reference_grad as ref
+from . import reference as ref
 
 T_CACHE = 1 << 14  # latent cache rows the query rows attend over (the issue: at least 2^14)
 ROWS = 8  # query rows: the last ROWS positions, each over every cache row up to itself
@@ -69,7 +69,7 @@ def _finite_differences() -> tuple[float, int]:
     grads = dict(zip(("q", "c_kv", "k_r"), ref.rows_backward(t0=t0, **x), strict=True))
 
     def loss(**arrays: np.ndarray) -> float:
-        return ref.loss(t0=t0, **arrays)
+        return ref.rows_loss(t0=t0, **arrays)
 
     return gradcheck.worst_relative_error(loss, x, grads, np.random.default_rng(6), eps=FD_EPS)
 

@@ -621,7 +621,7 @@ def softmax_row_q62(z, t, n, frac, out):
 def backward_bounds_q10(n, n_h, rows):
     """Declared bounds (dq_R, dq_C, dc_KV, dk_R) of mla_backward_* against the float64 backward
     on the same integer inputs, in 2^-10 LSB of Q.24, for rows of <= n keys, key columns summed
-    over <= `rows` query rows (n for a whole sequence; fewer for k3gates.mlagrad's query rows)
+    over <= `rows` query rows (n for a whole sequence; fewer for mla/gate_grad.py's query rows)
     and n_h heads, within the domain BWD_*_BITS (module docstring, "backward"). All terms are
     upper bounds in units of 2^-70 (an integer per real), rounded up; the last + 1 is float64's
     own error (2^-10 LSB)."""
@@ -688,7 +688,7 @@ def mla_output_backward(o, x, w_g, w_o, dy):
 
 # The attention backward runs over query rows t = t0 .. t0 + R - 1, each over keys s <= t (q and
 # do hold those R rows; P and dS are [H, R, T]). t0 = 0 and R = T is the whole sequence's square
-# backward; a few rows at the end of a long cache (k3gates.mlagrad) hold O(R T), not O(T^2).
+# backward; a few rows at the end of a long cache (mla/gate_grad.py) hold O(R T), not O(T^2).
 # (The sums are split over four kernels: one function holding all of them made g++ pass the 6 GiB
 # compile cap, as mla_project once did.)
 # pythran export mla_backward_probs(int32[:,:,:] order(C), int, int32[:,:] order(C), int32[:,:] order(C), int32[:,:,:] order(C))

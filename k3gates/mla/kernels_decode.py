@@ -1,14 +1,14 @@
 """Gated MLA decode over the latent cache, and the output gate held open: the induction task's
 kernels (issue 15), integers only.
 
-Both are built from K3-μ's kernels_mla helpers (K3-SPEC.md section 2), so each value is the one
-`mla_forward` computes, with the same formats (kernels_mla's docstring): x Q.16, weights Q.20,
+Both are built from mla/kernels_train's helpers (K3-SPEC.md section 2), so each value is the one
+`mla_forward` computes, with the same formats (mla.kernels_train's docstring): x Q.16, weights Q.20,
 c_kv, k_r, q, k_C, v, o, G Q.24, scores Q.32, P Q0.31, y Q.16.
 
 Decode. Token n arrives alone. Its query, its latent row c_kv,n = RMSNorm(W_dkv x_n) kv_norm and
 its shared key part k_r,n = W_kr x_n are formed; the keys and values of every position come from
 the latent cache (k_C,s = W_uk c_kv,s, v_s = W_uv c_kv,s: the cache holds only c_kv and k_r,
-kv_lora + rope numbers a token); then one causal row of attention (kernels_mla.attend with its
+kv_lora + rope numbers a token); then one causal row of attention (mla.kernels_train.attend with its
 one query row at n):
 
     z_s = (q_C . k_C,s + q_r . k_r,s) (nope + rope)^-1/2,  s = 0 .. n;   P = softmax(z)
@@ -17,13 +17,13 @@ one query row at n):
 Every row of `mla_forward` is computed row by row with one rounding per stored value, and an
 exact integer sum does not depend on how many rows share a call, so row n of the forward and
 the decode step are the same integers: error 0 between them (the gate checks it bit for bit).
-Against float64 the step inherits kernels_mla.FORWARD_MAX_ERR_LSB.
+Against float64 the step inherits mla.kernels_train.FORWARD_MAX_ERR_LSB.
 
 Open gate. `mla_open_gate` replaces the output gate by 1: sigma = 1 (2^62 in Q0.62), G = o,
 y = W_o o, in the forward's cache layout, so `mla_backward` takes it unchanged (du = 0 exactly:
 the gate's weights get no gradient).
 
-Magnitudes: as kernels_mla (internal Q.24 values below 2^31 raw, counted when not).
+Magnitudes: as mla.kernels_train (internal Q.24 values below 2^31 raw, counted when not).
 """
 
 import numpy as np

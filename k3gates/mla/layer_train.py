@@ -72,12 +72,12 @@ def _args(p: dict) -> list[np.ndarray]:
 def forward(mod, x: np.ndarray, p: dict, t0: int = 0) -> tuple[np.ndarray, tuple]:
     """y [B, T, d] Q.16 from x [B, T, d] Q.16 and Q.20 weights, with the queries at rows t0..
     only (y is 0 above them); the cache holds the kernel's intermediates (formats:
-    kernels_mla docstring)."""
+    mla.kernels_train docstring)."""
     out = mod.mla_forward(np.ascontiguousarray(x, dtype=np.int64), int(t0), *_args(p))
     if int(out[-1]):
         raise DomainError(
-            f"kernels_mla.mla_forward: {int(out[-1])} internal values beyond |2^7| (Q.24 "
-            f"domain), or T = {x.shape[1]} beyond kernels_mla.FORWARD_MAX_T"
+            f"mla.kernels_train.mla_forward: {int(out[-1])} internal values beyond |2^7| (Q.24 "
+            f"domain), or T = {x.shape[1]} beyond mla.kernels_train.FORWARD_MAX_T"
         )
     return out[0], tuple(out[1:-1])
 
@@ -94,7 +94,7 @@ def backward(mod, dy, x, p, cache) -> tuple[np.ndarray, dict]:
     )
     if int(out[-1]):
         raise DomainError(
-            f"kernels_mla.mla_backward: {int(out[-1])} internal gradients beyond |2^7| (Q.24) "
-            f"or T = {x.shape[1]} beyond kernels_mla.BACKWARD_MAX_T"
+            f"mla.kernels_train.mla_backward: {int(out[-1])} internal gradients beyond |2^7| "
+            f"(Q.24) or T = {x.shape[1]} beyond mla.kernels_train.BACKWARD_MAX_T"
         )
     return out[0], dict(zip(WEIGHTS, out[1:-1], strict=True))

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx.reference import sigmoid
+
 # Central differences check the analytic backward. They run in extended precision
 # (np.longdouble: a 64-bit significand on x86-64, eps 2^-63), so cancellation cannot hide an error:
 #   |FD - dL| <= h^2/6 max|d3L| + eps_ld N S / h,
@@ -35,11 +37,6 @@ import numpy as np
 # leaves a factor of 5 over their sum.
 FD_STEP = 2.0**-20
 FD_MAX_ERR = 1e-7
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def rmsnorm(a: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -118,21 +115,52 @@ def output_backward(o, x, w_g, w_o, dy):
 
 
 def attention_backward(q, c_kv, k_r, w_uk, w_uv, do):
-    """(dq [T, H, nope + rope], dc_KV [T, kv_lora], dk_R [T, rope]) for o = attention_naive."""
+    """(dq [T, H, nope + rope], dc_KV [T, kv_lora], dk_R [T, rope]) for o = attention_naive:
+    every row is a query row, from t0 = 0."""
+    return rows_backward(q, 0, c_kv, k_r, w_uk, w_uv, do)
+
+
+# -- the backward over a few query rows (the chunked backward's reference) -----------------------
+# Query rows t = t0 .. t0 + R - 1 attend over cache rows s <= t; per head, with k_C,s = W_UK c_s and
+# v_s = W_UV c_s (the scale folded into q), for L = sum_t do_t . o_t (the module docstring's
+# equations, restricted to those rows).
+def rows_forward(q, t0, c_kv, k_r, w_uk, w_uv):
+    """(P [H, R, T] with zeros where s > t, o [R, H, d_v])."""
+    n_r, t_len = q.shape[0], c_kv.shape[0]
     nope = w_uk.shape[1]
-    p = probabilities(q, c_kv, k_r, w_uk)  # [H, T, S]
-    k_c = np.einsum("hij,sj->shi", w_uk, c_kv)
-    v = np.einsum("hij,sj->shi", w_uv, c_kv)
-    dp = np.einsum("thi,shi->hts", do, v)
+    k_c = np.einsum("hij,sj->hsi", w_uk, c_kv)
+    z = np.einsum("rhi,hsi->hrs", q[:, :, :nope], k_c) + np.einsum(
+        "rhi,si->hrs", q[:, :, nope:], k_r
+    )
+    causal = np.arange(t_len)[None, :] <= (t0 + np.arange(n_r))[:, None]
+    z = np.where(causal[None], z, -np.inf)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    v = np.einsum("hij,sj->hsi", w_uv, c_kv)
+    return p, np.einsum("hrs,hsi->rhi", p, v)
+
+
+def rows_backward(q, t0, c_kv, k_r, w_uk, w_uv, do):
+    """(dq [R, H, nope + rope], dc_KV [T, kv_lora], dk_R [T, rope]) of L = sum do . o."""
+    nope = w_uk.shape[1]
+    p, _ = rows_forward(q, t0, c_kv, k_r, w_uk, w_uv)
+    k_c = np.einsum("hij,sj->hsi", w_uk, c_kv)
+    v = np.einsum("hij,sj->hsi", w_uv, c_kv)
+    dp = np.einsum("rhi,hsi->hrs", do, v)
     ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
     dq = np.concatenate(
-        [np.einsum("hts,shi->thi", ds, k_c), np.einsum("hts,sr->thr", ds, k_r)], axis=-1
+        [np.einsum("hrs,hsi->rhi", ds, k_c), np.einsum("hrs,si->rhi", ds, k_r)], axis=-1
     )
-    dk_c = np.einsum("hts,thi->shi", ds, q[:, :, :nope])
-    dv = np.einsum("hts,thi->shi", p, do)
-    dc = np.einsum("shi,hij->sj", dk_c, w_uk) + np.einsum("shi,hij->sj", dv, w_uv)
-    dk_r = np.einsum("hts,thr->sr", ds, q[:, :, nope:])
+    e = np.einsum("hrs,rhi->hsi", ds, q[:, :, :nope])  # sum_t dS_ts q_C,t
+    f = np.einsum("hrs,rhi->hsi", p, do)  # sum_t P_ts do_t
+    dc = np.einsum("hsi,hij->sj", e, w_uk) + np.einsum("hsi,hij->sj", f, w_uv)
+    dk_r = np.einsum("hrs,rhi->si", ds, q[:, :, nope:])
     return dq, dc, dk_r
+
+
+def rows_loss(q, t0, c_kv, k_r, w_uk, w_uv, do) -> float:
+    """L = sum_t do_t . o_t: what `rows_backward` differentiates (finite differences)."""
+    return float(np.sum(do * rows_forward(q, t0, c_kv, k_r, w_uk, w_uv)[1]))
 
 
 def loss(q, c_kv, k_r, w_uk, w_uv, u, w_o, dy):

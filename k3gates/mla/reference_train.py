@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx.reference import sigmoid
+
 EPS = 1e-6  # the LoRA RMSNorms' epsilon (DeepSeek-V3 inference/model.py uses 1e-6)
 
 
@@ -38,11 +40,6 @@ def dims(p: dict) -> tuple[int, int, int, int]:
     rope = p["w_kr"].shape[0]
     n_heads = (p["w_uq"].shape[0] - p["w_uk"].shape[0]) // rope
     return n_heads, p["w_uk"].shape[0] // n_heads, rope, p["w_uv"].shape[0] // n_heads
-
-
-def sigmoid(u: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(u))
-    return np.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _norm(a: np.ndarray, g: np.ndarray):

@@ -29,8 +29,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..infra import compile as _compile
 from ..fx import quantize, value
+from ..infra import compile as _compile
 from . import kernels as _k
 
 KERNELS = "k3gates.moe.kernels"

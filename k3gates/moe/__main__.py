@@ -1,7 +1,7 @@
 """`python -m k3gates.moe`: one LatentMoE layer, expert-parallel, checked against float64.
 
     python -m k3gates.moe --scale small --workers 2 --tokens 32 --single
-    python -m k3gates.moe --scale k3 --workers 2 --tokens 16 --sample 4 --json moe_k3.json
+    python -m k3gates.moe --scale k3 --workers 2 --tokens 16 --sample 4 --json moe_layer_k3.json
 
 The K3 run holds 15.7 GB of MXFP4 experts across the workers (7.8 GB each with 2) and 1.4 GiB of
 dense Q.24 weights on the client: it needs about 20 GB of free memory. Measured on this 2-core

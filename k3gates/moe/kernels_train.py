@@ -190,7 +190,7 @@ def rms_inverse(c, t):
     return rsqrt_norm(q, 2 * A_FRAC - 2 * sh + s)
 
 
-# == forward: three exported passes (kernels_moe's compile time grows steeply with one kernel's
+# == forward: three exported passes (moe.kernels_train's compile time grows steeply with one kernel's
 # length: Pythran's C++ types chain through every array a function writes and reads, so each
 # pass is its own export, its arrays handed over by the Python face) =============================
 # pythran export moe_fwd_route(int64[:,:] order(C), int64[:,:] order(C), int64[:],
@@ -203,8 +203,8 @@ def moe_fwd_route(x, w_r, bias, w_down, w1, w3, ws1, ws3, k, rsf, mx_rule):
     then the number of matmul outputs outside the shared GEMM's exact domain, 0 in the
     domain above).
 
-    mx_rule >= 0 (quantisation-aware training, k3gates/mxqat): z is quantised to MXFP8 (E4M3)
-    along d_l by scale rule mx_rule before the experts read it, exactly (mxqat's fake_quant),
+    mx_rule >= 0 (quantisation-aware training, k3gates/mxfp/kernels_qat.py): z is quantised to MXFP8 (E4M3)
+    along d_l by scale rule mx_rule before the experts read it, exactly (kernels_qat's fake_quant),
     and the returned z is the quantised one; -1 leaves z as it is."""
     n_tok = x.shape[0]
     n = w_r.shape[0]

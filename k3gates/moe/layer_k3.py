@@ -22,7 +22,7 @@ Weights. Every weight is generated from (seed, tensor id) by PCG64 raw 64-bit wo
 NumPy keeps stable) read as little-endian bytes, so any worker makes any expert's weights without
 communication. The routed experts are generated directly as what K3 stores: packed E2M1 codes
 (two per byte, the even index in the low nibble) and one E8M0 scale byte per 32 along the
-reduction axis. Why codes rather than integer weights quantised by mxqat's kernels: the layer
+reduction axis. Why codes rather than integer weights quantised by kernels_qat's kernels: the layer
 reads exactly the bytes an MXFP4 checkpoint holds (4.25 bits per weight, 15.7 GB at K3's size),
 no worker ever forms the 8-byte-per-weight master tensor (237 GB at K3's size), and generating
 an expert costs one table lookup per code. Each code is drawn from CODE_COUNTS, the E2M1
@@ -38,7 +38,7 @@ Formats (int64; "Q.f" means v stands for v 2^-f); each product is exact before i
     x, dense weights, w_n, rsf     Q.24      y                               Q.24
     b (frozen QB bias)             Q.40      wts (combine weights, router)   Q.56
     z = W_down x                   Q.40      (gemm_i64: exact Q.48 sum, rounded once)
-    g = w1 z, u = w3 z             Q.40      (mxqat.packed_matmul: exact MX sum, rounded once)
+    g = w1 z, u = w3 z             Q.40      (kernels_qat.packed_matmul: exact MX sum, once rounded)
     a = SiTU-GLU(g, u)             Q.24      (situ.situ_glu_array)
     E = w2 a                       Q.40      (packed_matmul)
     term = round(w_e E)            Q.40      (fx.mul_round_array); c = sum of terms, exact
@@ -67,8 +67,8 @@ from math import isqrt, sqrt
 import numpy as np
 
 from ..infra import compile as kcompile
-from . import kernels as moe_k
 from ..situ import kernels as situ_k
+from . import kernels as moe_k
 
 # -- formats (fractional bits) ---------------------------------------------------------------------
 X_FRAC = 24  # x, y, every dense weight, w_n, rsf

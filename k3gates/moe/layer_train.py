@@ -1,7 +1,7 @@
-"""Python face of K3-μ's LatentMoE FFN: shapes, initial values and calls into kernels_moe.
+"""Python face of K3-μ's LatentMoE FFN: shapes, initial values and calls into moe.kernels_train.
 
 Only batching and indexing happen here; every value is computed by the kernels. Formats (see
-kernels_moe.py): x, y Q.16 [B, T, d]; dy, dx and the gradients Q.24; weights Q.20; the QB bias
+moe/kernels_train.py): x, y Q.16 [B, T, d]; dy, dx and the gradients Q.24; weights Q.20; the QB bias
 in the router-score format Q.40 (BIAS_FRAC), an exception to the Q.20 vector rule so that
 Quantile Balancing is exact on the integer scores.
 
@@ -21,7 +21,7 @@ from ..mxfp.expert import E2M1, E4M3, RULE_ROUND_UP
 TOP_K = 2  # experts per token
 RSF = 1  # routed scaling factor (an integer here, so that RSF_Q20 is exact)
 W_FRAC = 20
-A_FRAC = 24  # the experts' activations (kernels_moe)
+A_FRAC = 24  # the experts' activations (moe.kernels_train)
 BIAS_FRAC = 40
 RSF_Q20 = RSF << W_FRAC
 N_EXPERTS = 4
@@ -89,18 +89,19 @@ def _c(v: np.ndarray) -> np.ndarray:
 def _check_gemm(outside: int, where: str) -> None:
     if outside:
         raise ValueError(
-            f"kernels_moe, {where}: {int(outside)} matmul outputs outside the shared GEMM's "
+            f"moe.kernels_train, {where}: {int(outside)} matmul outputs outside the shared GEMM's "
             "exact int64 domain (k3gates/gemm); check the inputs' magnitudes"
         )
 
 
 def forward(mod, x: np.ndarray, p: dict, mx: MX | None = None) -> tuple[np.ndarray, tuple]:
     """y [B, T, d] Q.16 and the cache (s40, idx, ssel, wts, z, parts, a, E, chat, rinv, r,
-    sparts, a_s): kernels_moe's three forward passes, their arrays handed from one to the next.
+    sparts, a_s): moe.kernels_train's three forward passes, their arrays handed from one to the
+    next.
 
     With `mx` (quantisation-aware training, K3-SPEC section 11), the routed experts run
     fake-quantised: their weights MXFP4 and their inputs z and a MXFP8, each along its reduction
-    axis, exactly (mxqat's fake_quant); the cache keeps the quantised z and a, from which the
+    axis, exactly (kernels_qat's fake_quant); the cache keeps the quantised z and a, from which the
     backward forms the master weights' straight-through gradients."""
     b, t, d = x.shape
     x2 = _c(x.reshape(b * t, d))
@@ -122,7 +123,7 @@ def forward(mod, x: np.ndarray, p: dict, mx: MX | None = None) -> tuple[np.ndarr
 
 def backward(mod, dy, x, p, cache, mx: MX | None = None) -> tuple[np.ndarray, dict]:
     """dx [B, T, d] Q.24 and the gradient (Q.24) of every trained parameter (not the bias):
-    kernels_moe's four backward passes. With `mx`, the activation gradients go through the
+    moe.kernels_train's four backward passes. With `mx`, the activation gradients go through the
     quantised expert weights and the master weights take the straight-through gradient (the
     cache's quantised z and a; the round-up rule saturates nothing, so there is no mask)."""
     b, t, d = x.shape
@@ -149,7 +150,7 @@ def backward(mod, dy, x, p, cache, mx: MX | None = None) -> tuple[np.ndarray, di
 
 class MX:
     """The routed experts' quantisation for QAT in integers: MXFP4 (E2M1) weights, MXFP8 (E4M3)
-    activations, along each product's reduction axis, by mxqat's fake_quant kernel.
+    activations, along each product's reduction axis, by kernels_qat's fake_quant kernel.
 
     Only the round-up scale rule: it never saturates, so the straight-through estimator is the
     identity everywhere (no clipping mask is needed, and none is applied). `packed=True`: the
@@ -161,7 +162,7 @@ class MX:
     def quantize(self, rows: np.ndarray, frac: int, fmt: int) -> np.ndarray:
         q, _sat, outside = self.k.fake_quant(_c(rows), frac, fmt, self.rule)
         if outside:
-            raise ValueError(f"mxqat.fake_quant: {outside} elements not exact in Q.{frac}")
+            raise ValueError(f"kernels_qat.fake_quant: {outside} elements not exact in Q.{frac}")
         return q
 
     def experts(self, p: dict) -> dict[str, np.ndarray]:

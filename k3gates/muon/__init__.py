@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..infra import compile as _compile
 from ..fx import quantize, value
+from ..infra import compile as _compile
 from .kernels import HYPER_FRAC, TRAIN_FRAC, X_FRAC
 
 KERNELS = "k3gates.muon.kernels"

@@ -262,7 +262,7 @@ QAT_REL_TOL = 0.03  # the QAT integer run against the unquantised integer run, e
 # element can land one grid step apart, on a few of 32 x 2048 elements.
 INIT_REL_TOL = 1e-4
 # The kernel's MXFP4 values of the trained weights against the float64 reference quantiser's: 0,
-# both are exact by definition (K3-SPEC section 11; mxqat.kernels).
+# both are exact by definition (K3-SPEC section 11; mxfp.kernels_qat).
 # K3's routed experts (K3-SPEC, "K3 as released"): per MoE layer 896 experts, w1, w3 and w2 each
 # 3072 x 3584 weights; 92 MoE layers (93 layers, layer 0 a dense FFN)
 K3_EXPERT_WEIGHTS = 896 * 3 * 3072 * 3584
@@ -456,7 +456,7 @@ def _export(k: X.Kernels, params: dict) -> dict[str, tuple]:
 
 def _decode(k: X.Kernels, export: dict[str, tuple]) -> dict[str, np.ndarray]:
     """The stored bytes back to Q.20 weights: unpacked codes, their exact values n 2^e
-    (mxqat's `values`), written in Q.20 (exact: every E2M1 value of these scales is a
+    (kernels_qat's `values`), written in Q.20 (exact: every E2M1 value of these scales is a
     multiple of 2^-20, which the comparison with the training's weights confirms)."""
     out = {}
     for name, (packed, scales, shape) in export.items():

@@ -136,7 +136,7 @@ def quantize_mx(bits, fmt):
     return scales, codes
 
 
-def _decode_element(code, fmt):
+def decode_element(code, fmt):
     """(sig, exp, cls) with value = sig * 2**exp; cls 0 finite, 1 infinite, 2 NaN."""
     ebits = FMT_EBITS[fmt]
     mbits = FMT_MBITS[fmt]
@@ -173,7 +173,7 @@ def dequantize_mx(scales, codes, fmt):
     cls = np.zeros(n, dtype=np.int8)
     for i in range(n):
         sc = int(scales[i // BLOCK])
-        s, e, c = _decode_element(int(codes[i]), fmt)
+        s, e, c = decode_element(int(codes[i]), fmt)
         sig[i] = s
         exp[i] = e + sc - E8M0_BIAS
         cls[i] = 2 if sc == SCALE_NAN else c
@@ -222,7 +222,7 @@ def quantize_pack_fp4(bits):
 
 def _fixed_point(code, fmt):
     """An element as an integer count of its format's smallest subnormal, and its class."""
-    sig, exp, cls = _decode_element(code, fmt)
+    sig, exp, cls = decode_element(code, fmt)
     return sig << (exp - (1 - FMT_BIAS[fmt] - FMT_MBITS[fmt])), cls
 
 

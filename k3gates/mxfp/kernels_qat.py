@@ -38,7 +38,7 @@ import numpy as np
 
 from ..fx.kernels import bitlen
 from ..gemm.kernels import round_limbs
-from ..mxfp.kernels import FMT_BIAS, FMT_EBITS, FMT_EMAX, FMT_MAXMAG, FMT_MBITS, _decode_element
+from ..mxfp.kernels import FMT_BIAS, FMT_EBITS, FMT_EMAX, FMT_MAXMAG, FMT_MBITS, decode_element
 
 BLOCK = 32
 LO_BITS = 40  # the fractional limb: units of 2^-40
@@ -141,7 +141,7 @@ def values(scales, codes, fmt):
     e = np.zeros((codes.shape[0], codes.shape[1]), dtype=np.int64)
     for r in range(codes.shape[0]):
         for i in range(codes.shape[1]):
-            sig, ex, _cls = _decode_element(int(codes[r, i]), fmt)
+            sig, ex, _cls = decode_element(int(codes[r, i]), fmt)
             n[r, i] = sig << (ex - unit)
             e[r, i] = int(scales[r, i // BLOCK]) - E8M0_BIAS + unit
     return n, e

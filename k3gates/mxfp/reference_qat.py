@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import reference as mx
 from ..situ import reference as situ
+from . import reference as mx
 
 
 def scale_exponents(x: np.ndarray, fmt: str, rule: str) -> np.ndarray:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..infra import compile as _compile
 from ..fx import quantize, value
+from ..infra import compile as _compile
 from .kernels import SITU_BETA, SITU_BETA_LIN, SITU_FRAC
 
 KERNELS = "k3gates.situ.kernels"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fx.reference import sigmoid
+
 BETA = 4.0
 BETA_LIN = 25.0
 
@@ -22,11 +24,6 @@ BETA_LIN = 25.0
 # a factor 10 for the third-derivative estimate.
 FD_STEP = 2.0**-17
 FD_MAX_ERR = 1e-7
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def gate_factor(g: np.ndarray, beta: float = BETA) -> np.ndarray:

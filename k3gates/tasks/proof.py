@@ -23,8 +23,8 @@ from types import ModuleType
 import numpy as np
 
 from ..infra.gate import GateContext, digest
-from ..k3mu.ops import FloatOps, IntOps
 from ..infra.training import Rerun, check_training, start_rerun
+from ..k3mu.ops import FloatOps, IntOps
 from . import seq as S
 
 

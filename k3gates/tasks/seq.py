@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..kda import layer_train as layer_kda
 from ..k3mu import reference as glue_ref
 from ..k3mu.model import FACES, dequantize_params, quantize_params, sub
+from ..kda import layer_train as layer_kda
 
 
 @dataclasses.dataclass(frozen=True)

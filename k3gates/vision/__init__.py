@@ -15,14 +15,14 @@ ValueError naming the argument.
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
 
+from ..fx import quantize, value
 from ..infra import compile as _compile
-from ..fx import host, quantize, value
 from ..longctx.kernels import X_FRAC
+from . import block as B
 from . import kernels as K
+from .tables import rope_turns, time_turns
 
 KERNELS = "k3gates.vision.kernels"
 WEIGHT_MAX = 2.0**11  # |w| < 2048 keeps Q.20 in int32
@@ -44,19 +44,6 @@ def _real(a: object, name: str, limit: float, ndim: int) -> np.ndarray:
     if not np.all(np.isfinite(v)) or (v.size and np.abs(v).max() >= limit):
         raise ValueError(f"{name}: expected finite values below {limit:g} in magnitude")
     return v
-
-
-def time_turns(dim: int) -> np.ndarray:
-    """The time embedding's frequencies 10000^(-i/(dim/2)) in Q0.62 turns per frame, derived
-    exactly (k3gates/fx/host.py): the same integers on every CPU."""
-    return host.power_turns_q62(10000, [Fraction(i, dim // 2) for i in range(dim // 2)])
-
-
-def rope_turns(head: int = K.HEAD) -> np.ndarray:
-    """2D RoPE's frequencies per half head, 10000^(-2i/(head/2)), in Q0.62 turns per position,
-    derived exactly (k3gates/fx/host.py)."""
-    half = head // 2
-    return host.power_turns_q62(10000, [Fraction(j, half) for j in range(0, half, 2)])
 
 
 def patch_embed(pixels: object, w: object) -> np.ndarray:
@@ -135,8 +122,6 @@ def encode(pixels: object, weights: dict) -> np.ndarray:
     temporal-pool merger and the projector. `weights` (float): "patch" [D, 588],
     "table" [64, 64, D], "blocks" (a list of dicts g1, wq, wk, wv, wo, g2, w1, w2, shaped as
     k3gates.vision.block.init_block makes them), "projector" (p1 [4D, 4D], p2 [T, 4D], gp [T])."""
-    from . import block as B  # block imports this package: loaded on first use
-
     px = np.asarray(pixels)
     if px.ndim == 3:
         px = px[None]

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import rope_turns
 from .block import ACT_FRAC, EPS_Q32, HEADS, ROPE_X_MAX, W_FRAC, Kernels, attention_inputs
+from .tables import rope_turns
 
 G_FRAC = 24  # gradients: Q.24 (K3-μ's)
 
 
 class GradKernels(Kernels):
-    """The forward's kernels, plus the backward's: visiongrad.kernels, K3-μ's RMSNorm backward and
+    """The forward's kernels, plus the backward's: vision.kernels_grad, K3-μ's RMSNorm backward and
     the shared GEMM's weight-gradient sum."""
 
     def __init__(self, load) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..fx import host
-from . import rope_turns
+from .tables import rope_turns
 
 W_FRAC = 20  # weights and norm gains: Q.20
 ACT_FRAC = 16  # activations: Q.16

@@ -18,7 +18,7 @@ from ..longctx import kernels as LK
 from . import block as B
 from . import kernels as K
 from . import reference as ref
-from . import rope_turns, time_turns
+from .tables import rope_turns, time_turns
 
 SEED = 20261205
 WIDTH = 1024  # the tower's width

@@ -17,11 +17,11 @@ from k3gates.infra.gate import GateContext, gate
 
 from ..k3mu import kernels_glue as KG
 from ..longctx import kernels as LK
+from . import backward as BW
 from . import block as B
 from . import kernels as VK
-from . import reference as ref
-from . import backward as BW
 from . import kernels_grad as KV
+from . import reference as ref
 from . import reference_grad as rg
 
 SEED = 20261206

@@ -63,7 +63,7 @@ def _segment_of(cu, row):
     return int(cu[s]), int(cu[s + 1])
 
 
-def _columns(x, r0, r1, c0, width):
+def column_block(x, r0, r1, c0, width):
     """x[r0:r1, c0:c0 + width] as a C-contiguous int64 array (gemm_i64's layout)."""
     out = np.zeros((r1 - r0, width), dtype=np.int64)
     for r in range(r1 - r0):
@@ -81,7 +81,7 @@ def _columns_t(x, r0, r1, c0, width):
     return out
 
 
-def _head(q_h, k_h, v_t, scale):
+def head_attention(q_h, k_h, v_t, scale):
     """One head over one segment: (z Q.24, P Q0.31, o Q.16, products outside gemm_i64's exact
     domain) for the query rows q_h [m, dh] (Q.20), keys k_h [n, dh] (Q.20), values v_t [dh, n]
     (Q.16, transposed)."""
@@ -109,9 +109,9 @@ def attention(qs, keys, vals, cu, n_heads, scale):
         lo, hi = int(cu[s]), int(cu[s + 1])
         for head in range(n_heads):
             c0 = head * dh
-            k_h = _columns(keys, lo, hi, c0, dh)
+            k_h = column_block(keys, lo, hi, c0, dh)
             v_t = _columns_t(vals, lo, hi, c0, dh)
-            _z, _p, o_h, bad = _head(_columns(qs, lo, hi, c0, dh), k_h, v_t, scale)
+            _z, _p, o_h, bad = head_attention(column_block(qs, lo, hi, c0, dh), k_h, v_t, scale)
             outside += bad
             for r in range(hi - lo):
                 for c in range(dh):
@@ -121,12 +121,12 @@ def attention(qs, keys, vals, cu, n_heads, scale):
 
 # pythran export attention_row(int32[:,:] order(C), int32[:,:] order(C), int32[:,:] order(C), int64[:], int64, int64, int64, int64)
 def attention_row(qs, keys, vals, cu, n_heads, scale, row, head):
-    """The stages of one query row and head, by the same code as `attention` (_head on one
+    """The stages of one query row and head, by the same code as `attention` (head_attention on one
     row): (z [n] Q.24, P [n] Q0.31, o [dh] Q.16) over the n keys of the row's segment."""
     dh = qs.shape[1] // n_heads
     lo, hi = _segment_of(cu, row)
     c0 = head * dh
-    z, p, o, _bad = _head(_columns(qs, row, row + 1, c0, dh), _columns(keys, lo, hi, c0, dh),
+    z, p, o, _bad = head_attention(column_block(qs, row, row + 1, c0, dh), column_block(keys, lo, hi, c0, dh),
                           _columns_t(vals, lo, hi, c0, dh), scale)  # fmt: skip
     return z[0].copy(), p[0].copy(), o[0].copy()
 

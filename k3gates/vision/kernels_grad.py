@@ -7,7 +7,7 @@ Gradients are Q.24 (int64), like K3-μ's. Every stage is one rounding of an exac
 is held against float64 on the integers it received, within 1/2 LSB plus the terms stated.
 
 Attention, one (segment, head) at a time, q, k in Q.20, v in Q.16, dO in Q.24; P (Q0.31) is
-recomputed by the forward's own helper (kernels_block._head), so it is the forward's P bit for
+recomputed by the forward's own helper (kernels_block.head_attention), so it is the forward's P bit for
 bit:
 
     dP_ij = round(dO_i . v_j / 2^20)                     Q.20, the dot exact (gemm_i64)
@@ -49,8 +49,8 @@ from ..vision.kernels_block import (
     ONE_Q56,
     ONE_Q61,
     SQRT_2_OVER_PI_Q62,
-    _columns,
-    _head,
+    column_block,
+    head_attention,
 )
 
 G_FRAC = 24  # gradients: Q.24
@@ -68,7 +68,7 @@ def _head_backward(q_h, k_h, v_h, do_h, scale):
     """One head over one segment: (P, dP, D, dS, dq, dk, dv, outside) for q_h, k_h [n, dh]
     (Q.20), v_h [n, dh] (Q.16) and the output's gradient do_h [n, dh] (Q.24)."""
     n = q_h.shape[0]
-    _z, p, _o, outside = _head(q_h, k_h, transpose(v_h), scale)  # the forward's own P
+    _z, p, _o, outside = head_attention(q_h, k_h, transpose(v_h), scale)  # the forward's own P
     dp, o1 = gemm_i64(do_h, v_h, G_FRAC + V_FRAC - DP_FRAC)
     d = np.zeros(n, dtype=np.int64)
     ds = np.zeros((n, n), dtype=np.int64)
@@ -115,8 +115,8 @@ def attention_backward(qs, keys, vals, d_o, cu, n_heads, scale):
         lo, hi = int(cu[s]), int(cu[s + 1])
         for head in range(n_heads):
             c0 = head * dh
-            out = _head_backward(_columns(qs, lo, hi, c0, dh), _columns(keys, lo, hi, c0, dh),
-                                 _columns(vals, lo, hi, c0, dh), _columns(d_o, lo, hi, c0, dh),
+            out = _head_backward(column_block(qs, lo, hi, c0, dh), column_block(keys, lo, hi, c0, dh),
+                                 column_block(vals, lo, hi, c0, dh), column_block(d_o, lo, hi, c0, dh),
                                  scale)  # fmt: skip
             _scatter(dq, out[4], lo, c0)
             _scatter(dk, out[5], lo, c0)
@@ -133,8 +133,8 @@ def attention_backward_head(qs, keys, vals, d_o, cu, n_heads, scale, seg, head):
     lo, hi = int(cu[seg]), int(cu[seg + 1])
     c0 = head * dh
     p, dp, d, ds, dq, dk, dv, _bad = _head_backward(
-        _columns(qs, lo, hi, c0, dh), _columns(keys, lo, hi, c0, dh),
-        _columns(vals, lo, hi, c0, dh), _columns(d_o, lo, hi, c0, dh), scale,
+        column_block(qs, lo, hi, c0, dh), column_block(keys, lo, hi, c0, dh),
+        column_block(vals, lo, hi, c0, dh), column_block(d_o, lo, hi, c0, dh), scale,
     )  # fmt: skip
     return p, dp, d, ds, dq, dk, dv
 

@@ -1,8 +1,9 @@
 """LatentMoE at K3's published MoE shape, expert-parallel on Dask (issue 19, item 4).
 
-`latentmoe_k3_layer` runs one layer of k3gates/moe_k3 at K3's shape (896 routed experts, top-16,
-2 shared, hidden 7168, latent 3584, expert width 3072; 15.7 GB of MXFP4 expert weights generated
-from the seed on each worker) on a LocalCluster of WORKERS worker processes, sharded by expert id.
+`latentmoe_k3_layer` runs one layer of k3gates/moe/layer_k3.py at K3's shape (896 routed experts,
+top-16, 2 shared, hidden 7168, latent 3584, expert width 3072; 15.7 GB of MXFP4 expert weights
+generated from the seed on each worker) on a LocalCluster of WORKERS worker processes, sharded by
+expert id.
 It then holds a sample of tokens to float64 within bounds declared before any run, and to the
 same layer computed in this one process, bit for bit. CI runs the same code at 16 experts
 (tests/test_moe_k3.py). Needs about 20 GB of free memory; the recorded run took 275 s on 2 cores.

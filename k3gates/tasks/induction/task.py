@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ...mla.layer_train import WEIGHTS, DomainError
 from ...k3mu.ops import IntOps
+from ...mla.layer_train import WEIGHTS, DomainError
 from .. import seq as S
 
 VOCAB = 64  # 1 .. 62 content, 63 the marker, 0 the "no previous token" id

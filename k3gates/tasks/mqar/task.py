@@ -67,7 +67,7 @@ HELD_OUT = 64
 
 
 class BetaZero:
-    """kernels_kda with beta fixed at 0: every other kernel passes through unchanged."""
+    """kda.kernels_train with beta fixed at 0: every other kernel passes through unchanged."""
 
     def __init__(self, mod) -> None:
         self.mod = mod

@@ -6,7 +6,7 @@ curriculum that ends at 2^12 filler tokens, beside its float64 twin and through 
 training helper; holds the exact-match accuracy at the trained length to 95%; then evaluates the
 trained model, without further training, at 2^12, 2^14 and 2^16 filler tokens with the passkey
 at five depths, and holds 2^16 to the accuracy declared below. The MLA layer's queries run at
-the answer rows only (K3-μ's kernels_mla with t0 = T - 5); the gate holds that run to the same
+the answer rows only (mla/kernels_train's with t0 = T - 5); the gate holds that run to the same
 kernel's run at every row, bit for bit, and to float64 at 2^16 tokens.
 """
 
@@ -17,9 +17,10 @@ import time
 import numpy as np
 
 from k3gates.infra.gate import GateContext, digest, gate
-from k3gates.mla import kernels_train as KM
-from k3gates.mla import layer_train as layer_mla, reference_train as reference_mla
 from k3gates.k3mu.ops import KERNELS
+from k3gates.mla import kernels_train as KM
+from k3gates.mla import layer_train as layer_mla
+from k3gates.mla import reference_train as reference_mla
 from k3gates.tasks import proof as P
 from k3gates.tasks import seq as S
 
@@ -194,7 +195,7 @@ def _rows_against_float(ctx: GateContext, ops, p: dict) -> None:
         MLA_2_16,
         f"the trained MLA layer's output at the answer rows, attending over "
         f"{tokens.shape[1]:,} keys, against float64 on the same integer input (bound: the "
-        "softmax's 1/2 LSB per key summed over the keys, kernels_mla.forward_max_err_lsb)",
+        "softmax's 1/2 LSB per key summed over the keys, mla.kernels_train.forward_max_err_lsb)",
         y[:, t0:],
         y_ref[:, t0:] * 2.0**16,
         unit="Q.16 LSB",

@@ -15,8 +15,8 @@ token, one KDA layer of one head, then one Gated MLA layer, a fixed head. K3 int
 KDA layers per MLA layer; the three-KDA stack took 318 s for this gate on this 2-core machine
 (its budget is 180 s), so the model keeps the smallest stack with both kinds in K3's order. The
 MLA layer is the last, and only the answer rows are scored, so it runs its queries at those rows
-alone (kernels_mla with t0 = T - 5): the model's loss and gradients are those of the full layer,
-at a cost linear in the context instead of quadratic.
+alone (mla.kernels_train with t0 = T - 5): the model's loss and gradients are those of the full
+layer, at a cost linear in the context instead of quadratic.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from ...k3mu import corpus
-from ...mla import layer_train as layer_mla, reference_train as reference_mla
 from ...k3mu.model import quantize_params
 from ...k3mu.ops import FloatOps, IntOps
+from ...mla import layer_train as layer_mla
+from ...mla import reference_train as reference_mla
 from .. import seq as S
 
 DIGITS = 5  # passkey length

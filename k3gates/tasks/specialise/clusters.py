@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from ...fx import host
-from ...moe import layer_train as layer_moe
 from ...k3mu import reference as glue_ref
 from ...k3mu.model import ACT_FRAC, dequantize_params, quantize_params
+from ...moe import layer_train as layer_moe
 
 D = 32  # model width: latent 16, expert hidden 16, shared hidden 32 (layer_moe's rules)
 K = layer_moe.N_EXPERTS  # clusters, one per routed expert: 4

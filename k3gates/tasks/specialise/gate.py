@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from k3gates.infra.gate import GateContext, digest, gate
-from k3gates.k3mu.ops import KERNELS, FloatOps, IntOps
 from k3gates.infra.training import check_training, start_rerun
+from k3gates.k3mu.ops import KERNELS, FloatOps, IntOps
 
 from . import clusters as C
 

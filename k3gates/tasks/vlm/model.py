@@ -19,7 +19,7 @@ direction; then <end>, or the clip's digit. Greedy decoding feeds the first word
 the digit first, the direction is read after a position whose input is one of ten words: in
 float64 trials at 4x it was learnt in 3 of 11; asked first, at <ans>, in each of 4.)
 
-`IntOps` runs every value through the integer kernels (vision, visiongrad, gemm and K3-μ's);
+`IntOps` runs every value through the integer kernels (vision and its gradients, gemm and K3-μ's);
 `FloatOps` runs the float64 references on the same weights dequantised. Python only batches,
 indexes and records. Weights are Q.20 (the table Q.16), activations Q.16, gradients Q.24.
 """
@@ -34,17 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from ...infra import compile as kcompile
 from ...fx import host
+from ...infra import compile as kcompile
 from ...k3mu import ops as k3ops
 from ...k3mu.model import sub
-from .. import seq as S
+from ...vision import backward as VG
 from ...vision import block as B
 from ...vision import kernels as VK
 from ...vision import reference as vref
-from ...vision import time_turns
-from ...vision import backward as VG
 from ...vision import reference_grad as gref
+from ...vision.tables import time_turns
+from .. import seq as S
 from . import task as T
 
 # tokens 0 .. 9 are the digit words (task.WORDS)
