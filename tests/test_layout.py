@@ -151,6 +151,26 @@ def test_imports_run_from_tasks_down_to_the_infrastructure():
     assert problems(PACKAGE)["direction"] == []
 
 
+def private_imports(package: Path) -> list[tuple[str, str]]:
+    """(module, name) for each `from m import _name` of a project module: a name another module
+    needs is public."""
+    known = modules(package)
+    out = []
+    for name, file in known.items():
+        for node in ast.walk(ast.parse(file.read_bytes(), filename=str(file))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                out += [
+                    (name, a.name)
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    return out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    assert private_imports(PACKAGE) == []
+
+
 def test_every_folder_of_python_files_is_a_package():
     bare = [
         d.relative_to(ROOT).as_posix()
@@ -261,6 +281,11 @@ def test_a_clean_tree_passes(tmp_path):
 def test_each_rule_fails_on_a_tree_that_breaks_it(tmp_path, rule, edit):
     found = problems(_tree(tmp_path, {**BASE, **edit}))
     assert found[rule], found
+
+
+def test_a_private_import_is_found(tmp_path):
+    broken = {**BASE, "k3gates/kda/__init__.py": "from .kernels import _helper\n"}
+    assert private_imports(_tree(tmp_path, broken)) == [("k3gates.kda", "_helper")]
 
 
 def test_a_gate_away_from_its_primitives_home_is_found(tmp_path):
