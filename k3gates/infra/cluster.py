@@ -47,7 +47,7 @@ WORKERS_TIMEOUT_S = 60  # how long to wait for a worker with slots to join the s
 TREE_DIR = "trees"  # under the cache: one folder per shipped source tree, named by its hash
 TREE_MAX_AGE_S = 7 * 24 * 3600  # unused trees are removed after a week
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
-PACKAGE = Path(__file__).resolve().parent  # k3gates itself: every gate process imports it
+PACKAGE = Path(__file__).resolve().parents[1]  # k3gates itself: every gate process imports it
 # distributed's Nanny sets these for its worker processes (its pre-spawn environ), in the
 # process that starts it too: the thread counts to 1, and glibc's malloc trim threshold to 64 KiB.
 # A gate process must see the build's values, as the local runner's do: a float64 twin's BLAS on

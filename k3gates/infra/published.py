@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SITE = Path(__file__).resolve().parent.parent / "public"
+DEFAULT_SITE = Path(__file__).resolve().parents[2] / "public"  # the checkout's public/
 
 
 class NoCensus(Exception):
