@@ -25,9 +25,15 @@ def project(tmp_path_factory, session_cache) -> Path:
     for f in (ROOT / "k3gates").glob("*.py"):
         shutil.copy(f, dst / "k3gates" / f.name)
     shutil.copytree(
+        ROOT / "k3gates" / "infra",
+        dst / "k3gates" / "infra",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    # mxfp's formats alone: its QAT form (gate_qat and what it needs) trains K3-mu
+    shutil.copytree(
         ROOT / "k3gates" / "mxfp",
         dst / "k3gates" / "mxfp",
-        ignore=shutil.ignore_patterns("__pycache__"),
+        ignore=shutil.ignore_patterns("__pycache__", "*_qat.py", "expert.py"),
     )
     for name in ("site_src", "templates"):
         shutil.copytree(ROOT / name, dst / name)

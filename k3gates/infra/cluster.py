@@ -186,14 +186,22 @@ class DaskPool:
 
     def _mapped(self, site: GateSite, there: Path, result: dict[str, Any]) -> dict[str, Any]:
         """The worker's result with its tree's paths mapped to this checkout, and only the
-        sources the local runner would have hashed (those under the gate's root)."""
+        sources the local runner would have hashed (those under the gate's root), keyed as the
+        local runner keys them: a key names what each import binds among the modules under the
+        root, and the worker's tree holds other modules beside the gate's (k3gates itself, when
+        the gate package lives elsewhere). The files are byte for byte this checkout's."""
         pairs = [(f"{there / name}", str(home)) for name, home in self.homes.items()]
         result = _relocated(result, pairs)
         root = site.root.resolve()
+        index = contentkey.module_index(root)
         result["deps"] = {
-            f: h for f, h in result.get("deps", {}).items() if Path(f).is_relative_to(root)
+            f: contentkey.file_key(Path(f), index)
+            for f in result.get("deps", {})
+            if Path(f).is_relative_to(root)
         }
-        result["code"] = contentkey.code_key(result["deps"].values(), result.get("data", {}))
+        if result.get("code"):  # a gate that never reached a verdict has none, as on this machine
+            result["gate_key"] = contentkey.file_key(site.file, index)
+            result["code"] = contentkey.code_key(result["deps"].values(), result.get("data", {}))
         result.update(runner.placed(site))
         result["runner"] = "dask"  # kept with the stored result: digest records name it
         return result
