@@ -140,6 +140,6 @@ def test_div_round_shift_ends_outside_its_domain(fx):
         f"zip({args})]",
     }
     for how, call in calls.items():
-        code = f"import numpy as np; from k3gates import compile as kc; {call}"
+        code = f"import numpy as np; from k3gates.infra import compile as kc; {call}"
         done = subprocess.run([sys.executable, "-c", code], timeout=120, capture_output=True)
         assert done.returncode == 0, f"{how}: {done.stderr.decode()[-400:]}"

@@ -332,7 +332,8 @@ def _compile(site: GateSite, root: Path) -> None:
     modules = list(site.kernels) if site.kernels is not None else _all_kernels(root)
     if not modules:
         return
-    code = "import sys\nfrom k3gates import compile as c\nfor m in sys.argv[1:]:\n    c.ensure(m)"
+    code = "import sys\nfrom k3gates.infra import compile as c\n"
+    code += "for m in sys.argv[1:]:\n    c.ensure(m)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path[1:]])}
     env.pop(kcompile.NO_COMPILE_ENV, None)
     with contextlib.suppress(subprocess.TimeoutExpired):
