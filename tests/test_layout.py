@@ -94,11 +94,6 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def folder(name: str) -> str:
-    parts = name.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and name in FOLDERS) else ""
-
-
 FOLDERS = {f"k3gates.{d.name}" for d in PACKAGE.iterdir() if d.is_dir()}
 
 
